@@ -1,0 +1,59 @@
+// CPU convolution kernels: one family per file, all on the ConvProblem descriptor.
+//
+// Kernels compute in T = float or double. The handler converts 16-bit operands to float (and the
+// result back) around them, so only these two types are instantiated. Every kernel:
+//   - writes every element of `out` (including when N, an output extent, or the reduction is 0);
+//   - supports any stride, filter dilation, lhs dilation, (negative) padding, groups, 1-3-D;
+//   - multithreads with parallel_for (parallel.h) and uses 64-bit offsets;
+//   - uses only the workspace it declared through its *_workspace_bytes function.
+#ifndef JAXDNN_CPU_CONV_CPU_H_
+#define JAXDNN_CPU_CONV_CPU_H_
+
+#include <cstddef>
+#include <string>
+
+#include "jaxdnn/conv_problem.h"
+
+namespace jaxdnn::cpu {
+
+// Operands by operation (see conv_problem.h): forward (x, w) -> y; backward-data (dy, w) -> dx;
+// backward-filter (x, dy) -> dw.
+template <typename T>
+struct ConvOperands {
+  const T* a;
+  const T* b;
+  T* out;
+  void* workspace;  // aligned to 64 bytes
+};
+
+// DIRECT (conv_direct.cc): window loops; dedicated depthwise / grouped paths. No workspace.
+template <typename T> void direct_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io);
+size_t direct_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes);
+
+// GEMM (conv_gemm.cc): explicit im2col / col2im in workspace + blocked matrix product (gemm.h).
+template <typename T> void gemm_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io);
+size_t gemm_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes);
+
+// IMPLICIT_GEMM / IMPLICIT_PRECOMP_GEMM (conv_implicit_gemm.cc): im2col panels gathered while
+// packing for the blocked product; PRECOMP reads per-tap offsets from a precomputed table.
+template <typename T> void implicit_gemm_conv(ConvOp op, const ConvProblem& p,
+                                              const ConvOperands<T>& io, bool precomputed);
+size_t implicit_gemm_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes,
+                                     bool precomputed);
+
+// Support predicate of the CPU backend: "" when `algo` can run `op` on `p`, else the reason.
+std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p);
+
+// Bytes of workspace the CPU backend needs for (op, algo, p) with operands of `in` dtype and a
+// result of `out` dtype: the algorithm's workspace plus buffers for 16-bit conversion.
+size_t workspace_bytes(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out);
+
+// Runs the convolution. Returns "" on success, else an error message. `a`, `b` have dtype `in`,
+// `out` has dtype `out_dtype`.
+std::string run_conv(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out_dtype,
+                     const void* a, const void* b, void* out, void* workspace,
+                     size_t workspace_size);
+
+}  // namespace jaxdnn::cpu
+
+#endif  // JAXDNN_CPU_CONV_CPU_H_

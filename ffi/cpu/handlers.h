@@ -1,0 +1,13 @@
+#ifndef JAXDNN_CPU_HANDLERS_H_
+#define JAXDNN_CPU_HANDLERS_H_
+
+#include "xla/ffi/api/c_api.h"
+#include "xla/ffi/api/api.h"
+
+namespace jaxdnn::cpu {
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvForward);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvBackwardData);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvBackwardFilter);
+}  // namespace jaxdnn::cpu
+
+#endif  // JAXDNN_CPU_HANDLERS_H_

@@ -1,0 +1,114 @@
+#include "parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace jaxdnn::cpu {
+namespace {
+
+thread_local bool inside_parallel_region = false;
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int workers) {
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int size() const { return static_cast<int>(threads_.size()) + 1; }
+
+  // Runs task(i) for i in [0, num_tasks) on the workers and the caller; one job at a time.
+  void run(int64_t num_tasks, const std::function<void(int64_t)>& task) {
+    std::lock_guard<std::mutex> job_lock(job_mu_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = &task;
+      num_tasks_ = num_tasks;
+      next_.store(0);
+      pending_workers_ = static_cast<int>(threads_.size());
+      ++generation_;
+    }
+    wake_.notify_all();
+    drain();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return pending_workers_ == 0; });
+    task_ = nullptr;
+  }
+
+ private:
+  void drain() {
+    inside_parallel_region = true;
+    for (int64_t i; (i = next_.fetch_add(1)) < num_tasks_;) (*task_)(i);
+    inside_parallel_region = false;
+  }
+  void worker_loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      drain();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_workers_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex job_mu_, mu_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int64_t)>* task_ = nullptr;
+  int64_t num_tasks_ = 0;
+  std::atomic<int64_t> next_{0};
+  int pending_workers_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+int configured_threads() {
+  if (const char* env = std::getenv("JAXDNN_NUM_THREADS")) {
+    int n = std::atoi(env);
+    if (n > 0) return n;
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+ThreadPool& pool() {
+  static ThreadPool* p = new ThreadPool(configured_threads() - 1);  // leaked: no exit-time join
+  return *p;
+}
+
+}  // namespace
+
+int num_threads() { return pool().size(); }
+
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk,
+                  int chunks_per_thread) {
+  if (n <= 0) return;
+  min_chunk = std::max<int64_t>(1, min_chunk);
+  const int threads = num_threads();
+  int64_t chunks = std::min<int64_t>(static_cast<int64_t>(threads) * chunks_per_thread,
+                                     (n + min_chunk - 1) / min_chunk);
+  if (chunks <= 1 || threads == 1 || inside_parallel_region) {
+    fn(0, n);
+    return;
+  }
+  const int64_t step = (n + chunks - 1) / chunks;
+  chunks = (n + step - 1) / step;
+  pool().run(chunks, [&](int64_t c) { fn(c * step, std::min(n, (c + 1) * step)); });
+}
+
+}  // namespace jaxdnn::cpu

@@ -1,0 +1,57 @@
+// CUDA convolution families on the ConvProblem descriptor (conv_problem.h). Kernels know nothing
+// of JAX or XLA: they take device pointers, the problem, a workspace and a stream.
+//
+// Operand dtypes: a and b share `in`; the result dtype `out` is either `in` or, for 16-bit `in`,
+// float32 (the Python layer casts around any other combination). float32 arithmetic follows
+// `precision`: kHighest = true fp32 (no TF32 anywhere); kDefault/kHigh = TF32 tensor cores.
+// bf16/fp16 use tensor cores with fp32 accumulation; float64 uses the FP64 units.
+#ifndef JAXDNN_CUDA_CONV_CUDA_H_
+#define JAXDNN_CUDA_CONV_CUDA_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "jaxdnn/conv_problem.h"
+
+namespace jaxdnn::cuda {
+
+struct CudaConvCall {
+  ConvOp op;
+  ConvAlgo algo;
+  ConvProblem problem;
+  DType in;
+  DType out;
+  MathPrecision precision;
+};
+
+struct CudaConvBuffers {
+  const void* a;     // fwd: x, bwd_data: dy, bwd_filter: x
+  const void* b;     // fwd: w, bwd_data: w,  bwd_filter: dy
+  void* out;         // fwd: y, bwd_data: dx, bwd_filter: dw
+  void* workspace;   // at least workspace_bytes(call) bytes, 256-byte aligned (from XLA)
+  size_t workspace_size;
+  cudaStream_t stream;
+};
+
+// Each family: a support predicate ("" = supported, else the reason), its workspace size, and a
+// launcher that returns "" or an error message (every launch checked with cudaGetLastError).
+// DIRECT (conv_direct.cu)
+std::string direct_can_implement(const CudaConvCall& c);
+size_t direct_workspace_bytes(const CudaConvCall& c);
+std::string direct_run(const CudaConvCall& c, const CudaConvBuffers& io);
+
+// IMPLICIT_GEMM, IMPLICIT_PRECOMP_GEMM and GEMM (conv_gemm_family.cu)
+std::string gemm_family_can_implement(const CudaConvCall& c);
+size_t gemm_family_workspace_bytes(const CudaConvCall& c);
+std::string gemm_family_run(const CudaConvCall& c, const CudaConvBuffers& io);
+
+// Dispatch over all families (conv_cuda.cu).
+std::string can_implement(const CudaConvCall& c);
+size_t workspace_bytes(const CudaConvCall& c);
+std::string run_conv(const CudaConvCall& c, const CudaConvBuffers& io);
+
+}  // namespace jaxdnn::cuda
+
+#endif  // JAXDNN_CUDA_CONV_CUDA_H_

@@ -1,0 +1,165 @@
+"""Algorithm families, their support matrix, and the `auto` heuristic.
+
+Support is asked of the compiled backend (its `can_implement`), so Python and C++ cannot disagree
+about which geometries a family handles. `auto` is a cheap rule over that table: no measurement at
+trace time.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from jaxdnn._src import ffi
+from jaxdnn._src.geometry import ConvGeometry, ConvOp
+
+
+class ConvAlgo(enum.Enum):
+  """cuDNN's convolution algorithm families. `ConvAlgo("gemm")` parses the lowercase name."""
+
+  IMPLICIT_GEMM = "implicit_gemm"
+  IMPLICIT_PRECOMP_GEMM = "implicit_precomp_gemm"
+  GEMM = "gemm"
+  DIRECT = "direct"
+  FFT = "fft"
+  FFT_TILING = "fft_tiling"
+  WINOGRAD = "winograd"
+  WINOGRAD_NONFUSED = "winograd_nonfused"
+
+  @property
+  def id(self) -> int:
+    """The value of jaxdnn::ConvAlgo in C++ (cuDNN's enum order)."""
+    return _ALGO_IDS[self]
+
+
+_ALGO_IDS = {algo: i for i, algo in enumerate(ConvAlgo)}
+AUTO = "auto"
+
+
+class MathPrecision(enum.IntEnum):
+  """float32 arithmetic allowed (jaxdnn::MathPrecision): HIGHEST forbids TF32."""
+
+  DEFAULT = 0
+  HIGH = 1
+  HIGHEST = 2
+
+
+# Values of jaxdnn::DType in C++.
+_DTYPE_IDS = {
+    np.dtype(np.float32): 0,
+    np.dtype(np.float64): 1,
+    np.dtype("bfloat16"): 2,
+    np.dtype(np.float16): 3,
+}
+SUPPORTED_DTYPES = tuple(_DTYPE_IDS)
+
+
+def dtype_id(dtype) -> int:
+  return _DTYPE_IDS[np.dtype(dtype)]
+
+
+def parse_algo(algo) -> ConvAlgo | str:
+  """ConvAlgo member, its name or lowercase value, or "auto" -> ConvAlgo or AUTO."""
+  if isinstance(algo, ConvAlgo):
+    return algo
+  if isinstance(algo, str):
+    key = algo.strip().lower()
+    if key == AUTO:
+      return AUTO
+    for member in ConvAlgo:
+      if key == member.value:
+        return member
+  names = ", ".join(repr(a.value) for a in ConvAlgo)
+  raise ValueError(f"algo must be 'auto', a jaxdnn.ConvAlgo or one of {names}; got {algo!r}")
+
+
+# Properties of each family on each backend: (deterministic, note). Error bounds per dtype are the
+# relative-error bounds the test-suite enforces (tests/tolerances.py).
+FAMILY_NOTES = {
+    ConvAlgo.DIRECT: "window loops; dedicated depthwise and grouped paths; no workspace",
+    ConvAlgo.GEMM: "explicit im2col/col2im into workspace, then a blocked matrix product",
+    ConvAlgo.IMPLICIT_GEMM: "im2col gathered while packing GEMM panels; no im2col buffer",
+    ConvAlgo.IMPLICIT_PRECOMP_GEMM: "as IMPLICIT_GEMM, gathering from a precomputed offset table",
+}
+
+
+def _query_args(op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry, batch: int, channels: int,
+                out_channels: int, in_dtype, out_dtype, precision: MathPrecision):
+  return (int(op), algo.id, geometry.problem_dict(batch, channels, out_channels),
+          dtype_id(in_dtype), dtype_id(out_dtype), int(precision))
+
+
+def unsupported_reason(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
+                       batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
+                       precision: MathPrecision) -> str:
+  """"" when `algo` can run on `platform` for this problem, else the reason."""
+  module = ffi.extension(platform)
+  if module is None:
+    return f"jaxdnn has no {platform} kernels in this build"
+  return module.can_implement(*_query_args(op, algo, geometry, batch, channels, out_channels,
+                                           in_dtype, out_dtype, precision))
+
+
+def supported_algorithms(platform: str, op: ConvOp, geometry: ConvGeometry, batch: int,
+                         channels: int, out_channels: int, in_dtype, out_dtype,
+                         precision: MathPrecision) -> list[ConvAlgo]:
+  return [
+      algo for algo in ConvAlgo
+      if not unsupported_reason(platform, op, algo, geometry, batch, channels, out_channels,
+                                in_dtype, out_dtype, precision)
+  ]
+
+
+def workspace_bytes(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
+                    batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
+                    precision: MathPrecision) -> int:
+  module = ffi.extension(platform)
+  return int(module.workspace_bytes(*_query_args(op, algo, geometry, batch, channels,
+                                                 out_channels, in_dtype, out_dtype, precision)))
+
+
+def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, channels: int,
+                     out_channels: int) -> list[ConvAlgo]:
+  """Families in order of preference for `auto` (the first supported one wins)."""
+  cg = channels // geometry.groups
+  kg = out_channels // geometry.groups
+  reduction = cg * int(np.prod(geometry.filter_spatial))
+  small_groups = geometry.groups > 1 and cg * kg <= 64  # depthwise, ResNeXt-style groups
+  if platform == "cpu":
+    if small_groups or reduction <= 8:
+      return [ConvAlgo.DIRECT, ConvAlgo.GEMM, ConvAlgo.IMPLICIT_PRECOMP_GEMM]
+    return [ConvAlgo.GEMM, ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.IMPLICIT_GEMM,
+            ConvAlgo.DIRECT]
+  # GPU
+  if small_groups:
+    return [ConvAlgo.DIRECT, ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.IMPLICIT_GEMM,
+            ConvAlgo.GEMM]
+  return [ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.IMPLICIT_GEMM, ConvAlgo.GEMM,
+          ConvAlgo.DIRECT]
+
+
+def choose_algorithm(platform: str, op: ConvOp, requested: ConvAlgo | str,
+                     geometry: ConvGeometry, batch: int, channels: int, out_channels: int,
+                     in_dtype, out_dtype, precision: MathPrecision) -> ConvAlgo:
+  """The family to run: the requested one (checked), or the heuristic's pick for "auto".
+
+  Never substitutes a family for an explicitly requested one: raises ValueError instead.
+  """
+  args = (geometry, batch, channels, out_channels, in_dtype, out_dtype, precision)
+  if requested != AUTO:
+    why = unsupported_reason(platform, op, requested, *args)
+    if why:
+      able = supported_algorithms(platform, op, *args)
+      raise ValueError(
+          f"algo={requested.name} cannot run the {op.name.lower().replace('_', '-')} "
+          f"convolution on {platform}: {why}. Families that can: "
+          f"{', '.join(a.name for a in able) or 'none'} (or algo='auto').")
+    return requested
+  for algo in _heuristic_order(platform, op, geometry, channels, out_channels):
+    if not unsupported_reason(platform, op, algo, *args):
+      return algo
+  able = supported_algorithms(platform, op, *args)
+  if able:
+    return able[0]
+  raise ValueError(f"no jaxdnn algorithm supports this convolution on {platform}")

@@ -1,0 +1,232 @@
+"""`jaxdnn.conv`: lax.conv_general_dilated's arguments and semantics, on jaxdnn kernels.
+
+The API layer normalises the arguments into a ConvGeometry, transposes operands whose layout is
+neither NHWC/HWIO nor NCHW/OIHW into the nearer native one, decomposes batch_group_count into a
+grouped convolution, and binds the forward primitive. Every invalid argument raises ValueError or
+TypeError here, at trace time, naming the argument.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxdnn._src import algorithms
+from jaxdnn._src.algorithms import ConvAlgo, MathPrecision
+from jaxdnn._src.geometry import ConvGeometry, Layout
+from jaxdnn._src.primitives.conv import conv_forward
+
+_PADDING_STRINGS = ("SAME", "VALID", "SAME_LOWER")
+
+
+def _int_tuple(name: str, value, length: int, *, positive: bool) -> tuple[int, ...]:
+  try:
+    out = tuple(operator.index(v) for v in value)
+  except TypeError:
+    raise TypeError(f"{name} must be a sequence of {length} integers, got {value!r}") from None
+  if len(out) != length:
+    raise ValueError(f"{name} must have one entry per spatial dimension ({length}), got {value!r}")
+  if positive and any(v <= 0 for v in out):
+    raise ValueError(f"{name} entries must be positive integers, got {value!r}")
+  return out
+
+
+def _positive_int(name: str, value) -> int:
+  try:
+    v = operator.index(value)
+  except TypeError:
+    raise TypeError(f"{name} must be a positive integer, got {value!r}") from None
+  if v <= 0:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+  return v
+
+
+def _math_precision(precision) -> MathPrecision:
+  """lax's precision argument (None, Precision, string, or a pair) -> the loosest TF32 rule."""
+  if precision is None:
+    default = jax.config.jax_default_matmul_precision
+    if default is None:
+      return MathPrecision.DEFAULT
+    precision = default
+  pair = precision if isinstance(precision, (tuple, list)) else (precision, precision)
+  if len(pair) != 2:
+    raise ValueError(f"precision must be None, a lax.Precision, a string or a pair of them, got "
+                     f"{precision!r}")
+  levels = []
+  for p in pair:
+    if p is None:
+      levels.append(MathPrecision.DEFAULT)
+      continue
+    try:
+      levels.append(MathPrecision(int(lax.Precision(p).value)))
+    except (ValueError, TypeError, KeyError):
+      raise ValueError(f"precision: unrecognised value {p!r}") from None
+  return max(levels)
+
+
+def _check_dtype(name: str, dtype) -> np.dtype:
+  dtype = np.dtype(dtype)
+  if dtype not in algorithms.SUPPORTED_DTYPES:
+    supported = ", ".join(str(d) for d in algorithms.SUPPORTED_DTYPES)
+    raise TypeError(f"{name} has dtype {dtype}; jaxdnn supports {supported}")
+  return dtype
+
+
+def _native_layout(dnums: lax.ConvDimensionNumbers, ndim: int) -> Layout:
+  """NHWC when the activations are channels-last, else NCHW."""
+  lhs_spec = dnums.lhs_spec
+  return Layout.NHWC if lhs_spec[1] == ndim - 1 else Layout.NCHW
+
+
+def _native_order(layout: Layout, ndim: int) -> tuple[int, ...]:
+  """Positions, in the canonical (N, C, spatial...) order, of the native layout's axes."""
+  spatial = tuple(range(2, ndim))
+  return (0, *spatial, 1) if layout == Layout.NHWC else (0, 1, *spatial)
+
+
+def _to_native(arr, spec, layout):
+  """Transposes an activation with dimension spec (batch, feature, spatial...) to native."""
+  perm = tuple(spec[i] for i in _native_order(layout, arr.ndim))
+  return arr if perm == tuple(range(arr.ndim)) else jnp.transpose(arr, perm)
+
+
+def _filter_to_native(rhs, spec, layout):
+  """(out, in, spatial...) spec -> HWIO (NHWC) or OIHW (NCHW)."""
+  ndim = rhs.ndim
+  if layout == Layout.NHWC:
+    perm = (*spec[2:], spec[1], spec[0])
+  else:
+    perm = tuple(spec)
+  return rhs if perm == tuple(range(ndim)) else jnp.transpose(rhs, perm)
+
+
+def _from_native(y, out_spec, layout):
+  """Native output -> the user's output layout (out_spec = (batch, feature, spatial...))."""
+  native = _native_order(layout, y.ndim)
+  perm = [0] * y.ndim
+  for i, canonical_axis in enumerate(native):
+    perm[out_spec[canonical_axis]] = i
+  perm = tuple(perm)
+  return y if perm == tuple(range(y.ndim)) else jnp.transpose(y, perm)
+
+
+def _batch_groups_into_channels(x, layout: Layout, batch_group_count: int):
+  """x (N, ..., C) -> (N / bgc, ..., bgc * C): batch group i becomes channel group i."""
+  ch = x.ndim - 1 if layout == Layout.NHWC else 1
+  n = x.shape[0]
+  x = x.reshape(batch_group_count, n // batch_group_count, *x.shape[1:])
+  x = jnp.moveaxis(x, 0, ch)  # (N', ..., bgc, C, ...) with bgc just before the channel axis
+  return x.reshape(*x.shape[:ch], x.shape[ch] * x.shape[ch + 1], *x.shape[ch + 2:])
+
+
+def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rhs_dilation=None,
+         dimension_numbers=None, feature_group_count: int = 1, batch_group_count: int = 1,
+         precision=None, preferred_element_type=None, *, algo: ConvAlgo | str = "auto"):
+  """General N-D convolution with lax.conv_general_dilated's arguments, on jaxdnn kernels.
+
+  Args:
+    lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
+    feature_group_count, batch_group_count, precision, preferred_element_type: exactly as
+      jax.lax.conv_general_dilated (1 to 3 spatial dimensions).
+    algo: a jaxdnn.ConvAlgo, its lowercase name ("direct", "gemm", ...), or "auto". The family
+      runs the forward convolution and, under differentiation, its backward operations. A family
+      that cannot run the problem raises ValueError naming the ones that can.
+
+  Returns:
+    The convolution, with lax's output shape and dtype.
+  """
+  algo = algorithms.parse_algo(algo)
+  if not hasattr(lhs, "shape") or not hasattr(lhs, "dtype"):
+    lhs = jnp.asarray(lhs)
+  if not hasattr(rhs, "shape") or not hasattr(rhs, "dtype"):
+    rhs = jnp.asarray(rhs)
+  if lhs.ndim != rhs.ndim:
+    raise ValueError(f"lhs and rhs must have the same rank, got lhs {lhs.shape} and rhs "
+                     f"{rhs.shape}")
+  if not 3 <= lhs.ndim <= 5:
+    raise ValueError(f"lhs must have 1 to 3 spatial dimensions (rank 3 to 5), got shape "
+                     f"{lhs.shape}")
+  in_dtype = _check_dtype("lhs", lhs.dtype)
+  rhs_dtype = _check_dtype("rhs", rhs.dtype)
+  if in_dtype != rhs_dtype:
+    raise TypeError(f"lhs and rhs must have the same dtype, got {in_dtype} and {rhs_dtype}")
+  out_dtype = in_dtype if preferred_element_type is None else _check_dtype(
+      "preferred_element_type", preferred_element_type)
+  nsd = lhs.ndim - 2
+
+  try:
+    dnums = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"dimension_numbers: {e}") from None
+  window_strides = _int_tuple("window_strides", window_strides, nsd, positive=True)
+  lhs_dilation = (1,) * nsd if lhs_dilation is None else _int_tuple(
+      "lhs_dilation", lhs_dilation, nsd, positive=True)
+  rhs_dilation = (1,) * nsd if rhs_dilation is None else _int_tuple(
+      "rhs_dilation", rhs_dilation, nsd, positive=True)
+  feature_group_count = _positive_int("feature_group_count", feature_group_count)
+  batch_group_count = _positive_int("batch_group_count", batch_group_count)
+  math_precision = _math_precision(precision)
+
+  lhs_shape = tuple(lhs.shape[i] for i in dnums.lhs_spec)  # (N, C, spatial...)
+  rhs_shape = tuple(rhs.shape[i] for i in dnums.rhs_spec)  # (O, I, spatial...)
+  batch, channels, in_spatial = lhs_shape[0], lhs_shape[1], lhs_shape[2:]
+  out_channels, rhs_in, filter_spatial = rhs_shape[0], rhs_shape[1], rhs_shape[2:]
+
+  if feature_group_count > 1 and batch_group_count > 1:
+    raise ValueError("at most one of feature_group_count and batch_group_count may be > 1, got "
+                     f"{feature_group_count} and {batch_group_count}")
+  if channels % feature_group_count:
+    raise ValueError(f"feature_group_count={feature_group_count} must divide the lhs feature "
+                     f"dimension ({channels})")
+  if channels // feature_group_count != rhs_in:
+    raise ValueError(f"lhs features ({channels}) / feature_group_count ({feature_group_count}) "
+                     f"must equal the rhs input-feature dimension ({rhs_in})")
+  if out_channels % feature_group_count:
+    raise ValueError(f"feature_group_count={feature_group_count} must divide the rhs output "
+                     f"feature dimension ({out_channels})")
+  if batch % batch_group_count:
+    raise ValueError(f"batch_group_count={batch_group_count} must divide the lhs batch "
+                     f"dimension ({batch})")
+  if out_channels % batch_group_count:
+    raise ValueError(f"batch_group_count={batch_group_count} must divide the rhs output "
+                     f"feature dimension ({out_channels})")
+
+  if isinstance(padding, str):
+    if padding.upper() not in _PADDING_STRINGS:
+      raise ValueError(f"padding must be one of {_PADDING_STRINGS} or a sequence of (low, high) "
+                       f"pairs, got {padding!r}")
+    if any(d != 1 for d in lhs_dilation):
+      raise ValueError("padding: string padding is not supported with lhs_dilation (as in lax);"
+                       " give explicit (low, high) pairs")
+    effective_filter = [(k - 1) * d + 1 for k, d in zip(filter_spatial, rhs_dilation)]
+    pads = lax.padtype_to_pads(in_spatial, effective_filter, window_strides, padding.upper())
+  else:
+    try:
+      pads = [tuple(operator.index(v) for v in pair) for pair in padding]
+    except TypeError:
+      raise TypeError(f"padding must be a string or a sequence of (low, high) integer pairs, got "
+                      f"{padding!r}") from None
+    if len(pads) != nsd or any(len(p) != 2 for p in pads):
+      raise ValueError(f"padding must have one (low, high) pair per spatial dimension ({nsd}), "
+                       f"got {padding!r}")
+  pad_lo = tuple(int(p[0]) for p in pads)
+  pad_hi = tuple(int(p[1]) for p in pads)
+
+  layout = _native_layout(dnums, lhs.ndim)
+  x = _to_native(lhs, dnums.lhs_spec, layout)
+  w = _filter_to_native(rhs, dnums.rhs_spec, layout)
+  groups = feature_group_count
+  if batch_group_count > 1:
+    x = _batch_groups_into_channels(x, layout, batch_group_count)
+    groups = batch_group_count
+  geometry = ConvGeometry(layout=layout, in_spatial=tuple(in_spatial),
+                          filter_spatial=tuple(filter_spatial), stride=window_strides,
+                          rhs_dilation=rhs_dilation, lhs_dilation=lhs_dilation, pad_lo=pad_lo,
+                          pad_hi=pad_hi, groups=groups)
+  y = conv_forward(x, w, geometry, algo, math_precision, out_dtype)
+  return _from_native(y, dnums.out_spec, layout)
