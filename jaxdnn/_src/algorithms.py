@@ -77,7 +77,7 @@ def parse_algo(algo) -> ConvAlgo | str:
 # Properties of each family on each backend: (deterministic, note). Error bounds per dtype are the
 # relative-error bounds the test-suite enforces (tests/tolerances.py).
 FAMILY_NOTES = {
-    ConvAlgo.DIRECT: "window loops; dedicated depthwise and grouped paths; no workspace",
+    ConvAlgo.DIRECT: "window loops; dedicated depthwise and grouped paths",
     ConvAlgo.GEMM: "explicit im2col/col2im into workspace, then a blocked matrix product",
     ConvAlgo.IMPLICIT_GEMM: "im2col gathered while packing GEMM panels; no im2col buffer",
     ConvAlgo.IMPLICIT_PRECOMP_GEMM: "as IMPLICIT_GEMM, gathering from a precomputed offset table",

@@ -1,0 +1,14 @@
+// XLA FFI handlers of the CUDA backend (platform "CUDA").
+#ifndef JAXDNN_CUDA_HANDLERS_H_
+#define JAXDNN_CUDA_HANDLERS_H_
+
+#include "xla/ffi/api/c_api.h"
+#include "xla/ffi/api/api.h"
+
+namespace jaxdnn::cuda {
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvForward);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvBackwardData);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvBackwardFilter);
+}  // namespace jaxdnn::cuda
+
+#endif  // JAXDNN_CUDA_HANDLERS_H_

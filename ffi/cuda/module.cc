@@ -1,0 +1,82 @@
+// nanobind module `jaxdnn._jaxdnn_cuda`: FFI handler capsules and the trace-time queries.
+// Compiled by the host C++ compiler; links cudart.
+#include <cuda_runtime.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <string>
+
+#include "conv_cuda.h"
+#include "handlers.h"
+#include "jaxdnn/nb_problem.h"
+
+#ifndef JAXDNN_BUILT_JAXLIB_VERSION
+#define JAXDNN_BUILT_JAXLIB_VERSION "unknown"
+#endif
+
+namespace nb = nanobind;
+using namespace jaxdnn;
+
+namespace {
+
+// Range checks of the integer enums before they are cast; "" when all are valid.
+std::string check_enums(int op, int algo, int in_dtype, int out_dtype, int precision) {
+  if (op < 0 || op > 2) return "unknown convolution operation " + std::to_string(op);
+  if (algo < 0 || algo >= kNumConvAlgos) return "unknown algorithm id " + std::to_string(algo);
+  if (in_dtype < 0 || in_dtype > 3 || out_dtype < 0 || out_dtype > 3) return "unknown dtype";
+  if (precision < 0 || precision > 2) return "unknown precision " + std::to_string(precision);
+  return "";
+}
+
+cuda::CudaConvCall make_call(int op, int algo, const ConvProblem& p, int in_dtype, int out_dtype,
+                             int precision) {
+  return cuda::CudaConvCall{static_cast<ConvOp>(op), static_cast<ConvAlgo>(algo), p,
+                            static_cast<DType>(in_dtype), static_cast<DType>(out_dtype),
+                            static_cast<MathPrecision>(precision)};
+}
+
+}  // namespace
+
+NB_MODULE(_jaxdnn_cuda, m) {
+  m.def("registrations", [] {
+    nb::dict d;
+    d["jaxdnn_conv_fwd"] = ffi_capsule(cuda::ConvForward);
+    d["jaxdnn_conv_bwd_data"] = ffi_capsule(cuda::ConvBackwardData);
+    d["jaxdnn_conv_bwd_filter"] = ffi_capsule(cuda::ConvBackwardFilter);
+    return d;
+  });
+  m.def(
+      "can_implement",
+      [](int op, int algo, nb::dict problem, int in_dtype, int out_dtype,
+         int precision) -> std::string {
+        if (std::string why = check_enums(op, algo, in_dtype, out_dtype, precision); !why.empty())
+          return why;
+        return cuda::can_implement(
+            make_call(op, algo, problem_from_dict(problem), in_dtype, out_dtype, precision));
+      },
+      "Empty string when the CUDA backend can run (op, algo) on the problem with these dtypes and "
+      "precision, else the reason.");
+  m.def(
+      "workspace_bytes",
+      [](int op, int algo, nb::dict problem, int in_dtype, int out_dtype,
+         int precision) -> size_t {
+        if (!check_enums(op, algo, in_dtype, out_dtype, precision).empty()) return 0;
+        return cuda::workspace_bytes(
+            make_call(op, algo, problem_from_dict(problem), in_dtype, out_dtype, precision));
+      },
+      "Workspace bytes the CUDA backend needs for (op, algo) on the problem (0 if unsupported).");
+  m.def("ffi_api_version", [] { return std::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
+  m.attr("built_jaxlib_version") = JAXDNN_BUILT_JAXLIB_VERSION;
+  m.def(
+      "device_count",
+      []() -> int {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) {
+          cudaGetLastError();  // clear the error state
+          return 0;
+        }
+        return n;
+      },
+      "Number of visible CUDA devices (0 when there is no usable driver or device).");
+}
