@@ -1,0 +1,1431 @@
+// IMPLICIT_GEMM, IMPLICIT_PRECOMP_GEMM and GEMM convolution families (see conv_cuda.h).
+//
+// One tiled GEMM kernel, conv_gemm_kernel<Path, OP>, serves all three families and all three
+// operations. Its operands are gathered from the convolution tensors through per-tensor strides,
+// so both layouts (and the mixed layouts that the GEMM family's 1x1 re-use needs) go through the
+// same code; a 16-byte cp.async path is taken per operand when its smem-contiguous dimension is a
+// dense channel dimension (NHWC, channel counts divisible by 16 bytes), else a register-staged
+// scalar gather.
+//
+// GEMM views (per group g, blockIdx.z = (g, phase, split)):
+//   forward:        M = N*Z*P*Q, N = K/G, Kred = (tap, c)  c fastest, A = x (im2col), B = w
+//   backward-data:  strided dgrad: input pixels split by stride phase (d%sd, h%sh, w%sw); per phase
+//                   M = N*ceil(D/sd)*..., N = C/G, Kred = (valid tap of this phase, k); no zero
+//                   multiplies. A = dy (gathered), B = w.
+//   backward-filter M = (tap, c), N = K/G, Kred = N*Z*P*Q, A = x (gathered), B = dy.
+// Shared-memory orientation per op: A is [BM][BK] (K-major) for fwd/dgrad and [BK][BM] for wgrad;
+// B is [BK][BN] for fwd/wgrad and [BN][BK] for dgrad; 16-bit fragments via ldmatrix(.trans).
+//
+// Families:
+//   IMPLICIT_GEMM:          filter-tap decomposition (kk -> tap -> t,r,s -> offsets) with integer
+//                           division in the main loop.
+//   IMPLICIT_PRECOMP_GEMM:  a per-CTA shared-memory table of per-tap offsets (spatial offsets and
+//                           weight offset) built at kernel start; the main loop advances its
+//                           reduction indices incrementally (add + one carry), no divisions.
+//   GEMM:                   explicit im2col into the workspace (fwd, wgrad) then the same kernel on
+//                           the equivalent 1x1 problem; dgrad = 1x1 dgrad into a column buffer
+//                           (fp32/f64) followed by a deterministic col2im gather.
+// Split-K (any op, chosen from the problem shape only): fp32/f64 partials in the workspace, then a
+// fixed-order reduction kernel: every result is deterministic (no atomics).
+//
+// Tiles (4 warps, 2x2, 128 threads; cp.async multi-stage pipeline, padded smem rows, no conflicts):
+//   bf16/f16: 128x64x32, 4 stages, warp tile 64x32, ldmatrix(.trans) + mma.sync m16n8k16 (fp32 acc);
+//             forward also 128x128x32 (warp tile 64x64), picked when it fixes wave quantization.
+//   tf32:     128x64x16, 4 stages, mma.sync m16n8k8 tf32 (cvt.rna), fp32 acc.
+//   f32 (kHighest): 128x64x16, 4 stages, SIMT FFMA 8x8 per thread. f64: 64x64x16, 3 stages, DFMA.
+// Workspace = [GEMM family: column buffer, N*Z*P*Q*G*T*R*S*Cg elements of the input type (fwd,
+//   wgrad) or of the accumulation type (dgrad)] + [split-K > 1: splits*G*phases*Mmax*Ngemm
+//   accumulation-type partials], each rounded up to 256 bytes.
+// Testing override: JAXDNN_GEMM_TILE=S|L forces the 16-bit forward tile (default: automatic).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstdint>
+#include <string>
+
+#include "conv_cuda.h"
+#include "gemm_primitives.cuh"
+
+namespace jaxdnn::cuda {
+namespace {
+
+using namespace jaxdnn::cuda::gemm;
+
+constexpr int OP_FWD = 0, OP_DGRAD = 1, OP_WGRAD = 2;
+constexpr int kNT = 128;            // threads per CTA (4 warps)
+constexpr int kMaxTableTaps = 4096;  // precomp table capacity (16 B per tap of shared memory)
+
+// dtype codes = DType values
+constexpr int DT_F32 = 0, DT_F64 = 1, DT_BF16 = 2;  // 3 = f16
+
+struct Params {
+  const void* a;
+  const void* b;
+  void* out;
+  void* partial;
+  int N, G, Cg, Kg;
+  int D, H, W, T, R, S, Z, P, Q;
+  int str[3], dil[3], pad[3];
+  long long xsN, xsC, xsPix, ysN, ysC, ysPix, wsK, wsC, wsT, wsR, wsS;
+  int Mmax, Ng, nphase, splits, ktps, tilesN;
+  int analytic, vecA, vecB, out_dtype, use_table;
+};
+
+// ---------------------------------------------------------------- geometry of one (op, phase)
+struct Geo {
+  int cnt[3], first[3], step[3], num0[3], div[3], pdim[3], phi[3];
+  int sgn, ntap, Mph, Kred;
+};
+
+__host__ __device__ inline int gcd_i(int a, int b) {
+  while (b) {
+    int t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+__host__ __device__ inline int pmod(int a, int m) {
+  int r = a % m;
+  return r < 0 ? r + m : r;
+}
+
+template <int OP>
+__host__ __device__ inline Geo make_geo(const Params& p, int phase) {
+  Geo g;
+  const int filt[3] = {p.T, p.R, p.S};
+  if (OP != OP_DGRAD) {
+    for (int a = 0; a < 3; ++a) {
+      g.cnt[a] = filt[a];
+      g.first[a] = 0;
+      g.step[a] = 1;
+      g.num0[a] = 0;
+      g.div[a] = 1;
+      g.phi[a] = 0;
+      g.pdim[a] = 0;
+    }
+    g.sgn = 1;
+    g.ntap = p.T * p.R * p.S;
+    if (OP == OP_FWD) {
+      g.Mph = p.N * p.Z * p.P * p.Q;
+      g.Kred = g.ntap * p.Cg;
+    } else {
+      g.Mph = g.ntap * p.Cg;
+      g.Kred = p.N * p.Z * p.P * p.Q;
+    }
+  } else {
+    const int dims[3] = {p.D, p.H, p.W};
+    int ph = phase;
+    g.phi[2] = ph % p.str[2];
+    ph /= p.str[2];
+    g.phi[1] = ph % p.str[1];
+    g.phi[0] = ph / p.str[1];
+    for (int a = 0; a < 3; ++a) {
+      const int s = p.str[a], dl = p.dil[a];
+      g.num0[a] = g.phi[a] + p.pad[a];
+      int r0 = -1;
+      for (int r = 0; r < filt[a] && r < s; ++r)
+        if (pmod(g.num0[a] - r * dl, s) == 0) {
+          r0 = r;
+          break;
+        }
+      g.step[a] = s / gcd_i(s, dl);
+      g.cnt[a] = r0 < 0 ? 0 : (filt[a] - 1 - r0) / g.step[a] + 1;
+      g.first[a] = r0 < 0 ? 0 : r0;
+      g.div[a] = s;
+      g.pdim[a] = (dims[a] - g.phi[a] + s - 1) / s;
+      if (g.pdim[a] < 0) g.pdim[a] = 0;
+    }
+    g.sgn = -1;
+    g.ntap = g.cnt[0] * g.cnt[1] * g.cnt[2];
+    g.Mph = p.N * g.pdim[0] * g.pdim[1] * g.pdim[2];
+    g.Kred = g.ntap * p.Kg;
+  }
+  return g;
+}
+
+// Offsets of the j-th (valid) tap: .x/.y/.z spatial offsets added to a row's base coordinate,
+// .w the weight offset of the tap.
+__device__ __forceinline__ int4 tap_entry(const Params& p, const Geo& g, int j) {
+  const int c12 = g.cnt[1] * g.cnt[2];
+  const int jt = j / c12;
+  const int rem = j - jt * c12;
+  const int jr = rem / g.cnt[2];
+  const int js = rem - jr * g.cnt[2];
+  const int t = g.first[0] + jt * g.step[0];
+  const int r = g.first[1] + jr * g.step[1];
+  const int s = g.first[2] + js * g.step[2];
+  int4 e;
+  e.x = (g.num0[0] + g.sgn * t * p.dil[0]) / g.div[0];
+  e.y = (g.num0[1] + g.sgn * r * p.dil[1]) / g.div[1];
+  e.z = (g.num0[2] + g.sgn * s * p.dil[2]) / g.div[2];
+  e.w = static_cast<int>(t * p.wsT + r * p.wsR + s * p.wsS);
+  return e;
+}
+
+// ---------------------------------------------------------------- per-path configuration
+struct PathBF16 {
+  using T = __nv_bfloat16;
+  using Acc = float;
+  static constexpr int BM = 128, BN = 64, BK = 32, ST = 4, VEC = 8, PADK = 8, PADM = 8, KIND = 0;
+  static constexpr int WN = 32;  // warp tile 64 x WN, warps 2 x 2
+};
+struct PathBF16L {  // 128x128 CTA tile (64x64 warp tiles), forward only
+  using T = __nv_bfloat16;
+  using Acc = float;
+  static constexpr int BM = 128, BN = 128, BK = 32, ST = 4, VEC = 8, PADK = 8, PADM = 8, KIND = 0;
+  static constexpr int WN = 64;
+};
+struct PathF16L {
+  using T = __half;
+  using Acc = float;
+  static constexpr int BM = 128, BN = 128, BK = 32, ST = 4, VEC = 8, PADK = 8, PADM = 8, KIND = 1;
+  static constexpr int WN = 64;
+};
+struct PathF16 {
+  using T = __half;
+  using Acc = float;
+  static constexpr int BM = 128, BN = 64, BK = 32, ST = 4, VEC = 8, PADK = 8, PADM = 8, KIND = 1;
+  static constexpr int WN = 32;
+};
+struct PathTF32 {
+  using T = float;
+  using Acc = float;
+  static constexpr int BM = 128, BN = 64, BK = 16, ST = 4, VEC = 4, PADK = 4, PADM = 8, KIND = 2;
+  static constexpr int WN = 32;
+};
+struct PathF32 {  // true fp32 FFMA
+  using T = float;
+  using Acc = float;
+  static constexpr int BM = 128, BN = 64, BK = 16, ST = 4, VEC = 4, PADK = 4, PADM = 8, KIND = 3;
+  static constexpr int TM = 8, TN = 8, WN = 32;
+};
+struct PathF64 {  // DFMA
+  using T = double;
+  using Acc = double;
+  static constexpr int BM = 64, BN = 64, BK = 16, ST = 3, VEC = 2, PADK = 2, PADM = 2, KIND = 4;
+  static constexpr int TM = 8, TN = 4, WN = 32;
+};
+
+template <int BYTES>
+struct Bits;
+template <>
+struct Bits<2> {
+  using U = unsigned short;
+};
+template <>
+struct Bits<4> {
+  using U = unsigned int;
+};
+template <>
+struct Bits<8> {
+  using U = unsigned long long;
+};
+
+template <class PT, int OP>
+struct Cfg {
+  using T = typename PT::T;
+  using U = typename Bits<sizeof(T)>::U;
+  static constexpr int BM = PT::BM, BN = PT::BN, BK = PT::BK, VEC = PT::VEC, ST = PT::ST;
+  static constexpr bool AK = (OP != OP_WGRAD);  // A smem [BM][LDA] (k contiguous) else [BK][LDA]
+  static constexpr bool BKM = (OP == OP_DGRAD);  // B smem [BN][LDB] (k contiguous) else [BK][LDB]
+  static constexpr int LDA = AK ? BK + PT::PADK : BM + PT::PADM;
+  static constexpr int LDB = BKM ? BK + PT::PADK : BN + PT::PADM;
+  static constexpr int A_ELEMS = AK ? BM * LDA : BK * LDA;
+  static constexpr int B_ELEMS = BKM ? BN * LDB : BK * LDB;
+  static constexpr int STAGE = A_ELEMS + B_ELEMS;
+  static constexpr int CPR_A = AK ? BK / VEC : BM / VEC;
+  static constexpr int CH_A = BM * BK / VEC / kNT;
+  static constexpr int RS_A = kNT / CPR_A;
+  static constexpr int CPR_B = BKM ? BK / VEC : BN / VEC;
+  static constexpr int CH_B = BN * BK / VEC / kNT;
+  static constexpr int RS_B = kNT / CPR_B;
+  static constexpr size_t SMEM_PIPE = size_t(ST) * STAGE * sizeof(T);
+  static_assert(SMEM_PIPE % 16 == 0, "pipeline smem must keep the table 16-byte aligned");
+  static_assert(CH_A * kNT * VEC == BM * BK && CH_B * kNT * VEC == BN * BK, "tile/thread mismatch");
+};
+
+template <class PT>
+struct SimtDims {
+  static constexpr int TM = 1, TN = 1;
+};
+template <>
+struct SimtDims<PathF32> {
+  static constexpr int TM = PathF32::TM, TN = PathF32::TN;
+};
+template <>
+struct SimtDims<PathF64> {
+  static constexpr int TM = PathF64::TM, TN = PathF64::TN;
+};
+
+// ---------------------------------------------------------------- output stores
+template <class Acc>
+__device__ __forceinline__ void st1(void* out, long long off, int dt, Acc v) {
+  switch (dt) {
+    case DT_F32: static_cast<float*>(out)[off] = static_cast<float>(v); break;
+    case DT_F64: static_cast<double*>(out)[off] = static_cast<double>(v); break;
+    case DT_BF16: static_cast<__nv_bfloat16*>(out)[off] = __float2bfloat16_rn(static_cast<float>(v)); break;
+    default: static_cast<__half*>(out)[off] = __float2half_rn(static_cast<float>(v)); break;
+  }
+}
+template <class Acc>
+__device__ __forceinline__ void st2(void* out, long long off, int dt, Acc v0, Acc v1) {
+  switch (dt) {
+    case DT_F32:
+      *reinterpret_cast<float2*>(static_cast<float*>(out) + off) =
+          make_float2(static_cast<float>(v0), static_cast<float>(v1));
+      break;
+    case DT_F64:
+      *reinterpret_cast<double2*>(static_cast<double*>(out) + off) =
+          make_double2(static_cast<double>(v0), static_cast<double>(v1));
+      break;
+    case DT_BF16:
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + off) =
+          __floats2bfloat162_rn(static_cast<float>(v0), static_cast<float>(v1));
+      break;
+    default:
+      *reinterpret_cast<__half2*>(static_cast<__half*>(out) + off) =
+          __floats2half2_rn(static_cast<float>(v0), static_cast<float>(v1));
+      break;
+  }
+}
+
+// Output element offset = row_off(m) + col * col_stride (final results).
+template <int OP>
+__device__ __forceinline__ long long out_row_off(const Params& p, const Geo& g, int m) {
+  if constexpr (OP == OP_FWD) {
+    const int zpq = p.Z * p.P * p.Q;
+    const int n = m / zpq;
+    return n * p.ysN + static_cast<long long>(m - n * zpq) * p.ysPix;
+  } else if constexpr (OP == OP_DGRAD) {
+    int r = m;
+    const int iw = r % g.pdim[2];
+    r /= g.pdim[2];
+    const int ih = r % g.pdim[1];
+    r /= g.pdim[1];
+    const int id = r % g.pdim[0];
+    const int n = r / g.pdim[0];
+    const int d = g.phi[0] + id * p.str[0], h = g.phi[1] + ih * p.str[1],
+              w = g.phi[2] + iw * p.str[2];
+    return n * p.xsN + ((static_cast<long long>(d) * p.H + h) * p.W + w) * p.xsPix;
+  } else {
+    const int j = m / p.Cg;
+    const int c = m - j * p.Cg;
+    const int rs = p.R * p.S;
+    const int t = j / rs, r = (j - t * rs) / p.S, s = j - t * rs - r * p.S;
+    return c * p.wsC + t * p.wsT + r * p.wsR + s * p.wsS;
+  }
+}
+template <int OP>
+__device__ __forceinline__ long long out_col_base(const Params& p, int g) {
+  if constexpr (OP == OP_FWD) return static_cast<long long>(g) * p.Kg * p.ysC;
+  else if constexpr (OP == OP_DGRAD) return static_cast<long long>(g) * p.Cg * p.xsC;
+  else return static_cast<long long>(g) * p.Kg * p.wsK;
+}
+template <int OP>
+__device__ __forceinline__ long long out_col_stride(const Params& p) {
+  if constexpr (OP == OP_FWD) return p.ysC;
+  else if constexpr (OP == OP_DGRAD) return p.xsC;
+  else return p.wsK;
+}
+
+// ---------------------------------------------------------------- reduction-index iterators
+struct KTap {  // kk = j*Cred + ch
+  int j, ch;
+};
+__device__ __forceinline__ KTap ktap_at(int kk, int cred) {
+  KTap s;
+  s.j = kk / cred;
+  s.ch = kk - s.j * cred;
+  return s;
+}
+__device__ __forceinline__ void ktap_adv(KTap& s, int dj, int dch, int cred) {
+  s.ch += dch;
+  s.j += dj;
+  if (s.ch >= cred) {
+    s.ch -= cred;
+    ++s.j;
+  }
+}
+struct KPix {  // kk = ((n*Z + z)*P + y)*Q + x
+  int n, z, y, x;
+};
+__device__ __forceinline__ KPix kpix_at(int kk, int Z, int P, int Q) {
+  KPix s;
+  int t = kk / Q;
+  s.x = kk - t * Q;
+  int t2 = t / P;
+  s.y = t - t2 * P;
+  s.n = t2 / Z;
+  s.z = t2 - s.n * Z;
+  return s;
+}
+__device__ __forceinline__ void kpix_adv(KPix& s, const int (&d)[4], int Z, int P, int Q) {
+  s.x += d[3];
+  s.y += d[2];
+  s.z += d[1];
+  s.n += d[0];
+  if (s.x >= Q) { s.x -= Q; ++s.y; }
+  if (s.y >= P) { s.y -= P; ++s.z; }
+  if (s.z >= Z) { s.z -= Z; ++s.n; }
+}
+
+__device__ __forceinline__ bool in3(int a, int b, int c, int A, int B, int C) {
+  return static_cast<unsigned>(a) < static_cast<unsigned>(A) &&
+         static_cast<unsigned>(b) < static_cast<unsigned>(B) &&
+         static_cast<unsigned>(c) < static_cast<unsigned>(C);
+}
+
+// Resident CTAs per SM that the launch bounds ask the compiler for (registers <= 65536/(128*n)).
+// resident_ctas() on the host mirrors this (plus the 128x128 tile's 2).
+template <class PT, int OP>
+constexpr int min_blocks() {
+  return (PT::KIND <= 2 && OP != OP_WGRAD && PT::BN == 64) ? 3 : 2;
+}
+
+// ---------------------------------------------------------------- the kernel
+template <class PT, int OP>
+__global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(const Params p) {
+  using C = Cfg<PT, OP>;
+  using T = typename PT::T;
+  using Acc = typename PT::Acc;
+  using U = typename C::U;
+  constexpr int BM = C::BM, BN = C::BN, BK = C::BK, VEC = C::VEC, ST = C::ST;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sm = reinterpret_cast<T*>(smem_raw);
+  int4* tbl = reinterpret_cast<int4*>(smem_raw + C::SMEM_PIPE);
+
+  const int tid = threadIdx.x;
+  int z = blockIdx.z;
+  const int split = z % p.splits;
+  z /= p.splits;
+  const int phase = z % p.nphase;
+  const int g = z / p.nphase;
+  const int n_tile = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.tilesN));
+  const int m_base = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.tilesN)) * BM;
+  const int n_base = n_tile * BN;
+  const Geo geo = make_geo<OP>(p, phase);
+  if (m_base >= geo.Mph) return;  // whole CTA: rows beyond this phase (never read back)
+
+  if (p.use_table) {
+    for (int j = tid; j < geo.ntap; j += kNT) tbl[j] = tap_entry(p, geo, j);
+    __syncthreads();
+  }
+  auto entry = [&](int j) -> int4 { return p.use_table ? tbl[j] : tap_entry(p, geo, j); };
+
+  const T* __restrict__ ga = static_cast<const T*>(p.a);
+  const T* __restrict__ gb = static_cast<const T*>(p.b);
+  const U* __restrict__ ua = static_cast<const U*>(p.a);
+  const U* __restrict__ ub = static_cast<const U*>(p.b);
+
+  const int KT = (geo.Kred + BK - 1) / BK;
+  const int kt0 = split * p.ktps;
+  const int kt1 = min(KT, kt0 + p.ktps);
+  const int nk = max(0, kt1 - kt0);
+
+  const int ccA = tid % C::CPR_A, r0A = tid / C::CPR_A;
+  const int ccB = tid % C::CPR_B, r0B = tid / C::CPR_B;
+  const bool vecA = p.vecA, vecB = p.vecB;
+
+  // ---- operand A source description
+  // fwd: x (dims D,H,W; strides xs; channels g*Cg + [0,Cg)); dgrad: dy (Z,P,Q; ys; g*Kg + [0,Kg))
+  const int sD = OP == OP_DGRAD ? p.Z : p.D, sH = OP == OP_DGRAD ? p.P : p.H,
+            sW = OP == OP_DGRAD ? p.Q : p.W;
+  const long long sN = OP == OP_DGRAD ? p.ysN : p.xsN, sC = OP == OP_DGRAD ? p.ysC : p.xsC,
+                  sPix = OP == OP_DGRAD ? p.ysPix : p.xsPix;
+  const int credA = OP == OP_DGRAD ? p.Kg : p.Cg;  // channels per tap in the A reduction
+  const long long chA = static_cast<long long>(g) * credA;
+
+  // increments of BK in the reduction index
+  int dTapJ = 0, dTapC = 0;  // KTap radix Cred (fwd: Cg; dgrad: Kg)
+  int dPix[4] = {0, 0, 0, 0};
+  if (OP != OP_WGRAD) {
+    dTapJ = BK / credA;
+    dTapC = BK - dTapJ * credA;
+  } else {
+    int t = BK;
+    dPix[3] = t % p.Q; t /= p.Q;
+    dPix[2] = t % p.P; t /= p.P;
+    dPix[1] = t % p.Z; t /= p.Z;
+    dPix[0] = t;
+  }
+
+  // ---- per-thread loader state
+  // fwd/dgrad A: rows m (fixed), column kk state
+  long long aN[C::CH_A];
+  int aB[C::CH_A][3];
+  KTap aK;  // fwd/dgrad A column
+  // wgrad A: column m chunk fixed; rows kk
+  int wj = 0, wc = 0;
+  int4 we = make_int4(0, 0, 0, 0);
+  bool wmv = false;
+  KPix aP[C::CH_A];
+  // B states
+  KTap bK[C::CH_B];  // fwd: rows kk
+  KTap bKc;          // dgrad: column kk
+  KPix bP[C::CH_B];  // wgrad: rows kk
+
+  if constexpr (OP != OP_WGRAD) {
+#pragma unroll
+    for (int i = 0; i < C::CH_A; ++i) {
+      const int m = m_base + r0A + i * C::RS_A;
+      if (m < geo.Mph) {
+        if constexpr (OP == OP_FWD) {
+          int r = m;
+          const int q = r % p.Q; r /= p.Q;
+          const int pp = r % p.P; r /= p.P;
+          const int zz = r % p.Z;
+          const int n = r / p.Z;
+          aN[i] = n * sN;
+          aB[i][0] = zz * p.str[0] - p.pad[0];
+          aB[i][1] = pp * p.str[1] - p.pad[1];
+          aB[i][2] = q * p.str[2] - p.pad[2];
+        } else {
+          int r = m;
+          const int iw = r % geo.pdim[2]; r /= geo.pdim[2];
+          const int ih = r % geo.pdim[1]; r /= geo.pdim[1];
+          const int id = r % geo.pdim[0];
+          const int n = r / geo.pdim[0];
+          aN[i] = n * sN;
+          aB[i][0] = id;
+          aB[i][1] = ih;
+          aB[i][2] = iw;
+        }
+      } else {
+        aN[i] = 0;
+        aB[i][0] = INT_MIN / 2;  // fails every bounds check
+        aB[i][1] = 0;
+        aB[i][2] = 0;
+      }
+    }
+    aK = ktap_at(kt0 * BK + ccA * VEC, credA);
+  } else {
+    const int m0 = m_base + ccA * VEC;
+    wmv = m0 < geo.Mph;
+    if (wmv) {
+      wj = m0 / p.Cg;
+      wc = m0 - wj * p.Cg;
+      we = entry(wj);
+    }
+#pragma unroll
+    for (int i = 0; i < C::CH_A; ++i) aP[i] = kpix_at(kt0 * BK + r0A + i * C::RS_A, p.Z, p.P, p.Q);
+  }
+  if constexpr (OP == OP_FWD) {
+#pragma unroll
+    for (int i = 0; i < C::CH_B; ++i) bK[i] = ktap_at(kt0 * BK + r0B + i * C::RS_B, p.Cg);
+  } else if constexpr (OP == OP_DGRAD) {
+    bKc = ktap_at(kt0 * BK + ccB * VEC, p.Kg);
+  } else {
+#pragma unroll
+    for (int i = 0; i < C::CH_B; ++i) bP[i] = kpix_at(kt0 * BK + r0B + i * C::RS_B, p.Z, p.P, p.Q);
+  }
+
+  uint4 stgA[C::CH_A], stgB[C::CH_B];  // register staging for the scalar path
+
+  // Issue the loads of k-tile `kt` into stage `s`: cp.async for vector operands, register gathers
+  // for scalar operands (stored later by store_staged). Then advance the incremental states.
+  auto issue = [&](int kt, int s) {
+    T* As = sm + s * C::STAGE;
+    T* Bs = As + C::A_ELEMS;
+    const int kbase = kt * BK;
+    if (p.analytic) {  // IMPLICIT_GEMM: decompose the reduction indices from scratch (divisions)
+      if constexpr (OP != OP_WGRAD) {
+        aK = ktap_at(kbase + ccA * VEC, credA);
+      } else {
+#pragma unroll
+        for (int i = 0; i < C::CH_A; ++i) aP[i] = kpix_at(kbase + r0A + i * C::RS_A, p.Z, p.P, p.Q);
+      }
+      if constexpr (OP == OP_FWD) {
+#pragma unroll
+        for (int i = 0; i < C::CH_B; ++i) bK[i] = ktap_at(kbase + r0B + i * C::RS_B, p.Cg);
+      } else if constexpr (OP == OP_DGRAD) {
+        bKc = ktap_at(kbase + ccB * VEC, p.Kg);
+      } else {
+#pragma unroll
+        for (int i = 0; i < C::CH_B; ++i) bP[i] = kpix_at(kbase + r0B + i * C::RS_B, p.Z, p.P, p.Q);
+      }
+    }
+    // ------------------------------------------------ A
+    if constexpr (OP != OP_WGRAD) {
+      const bool tv = aK.j < geo.ntap;
+      const int4 e = tv ? entry(aK.j) : make_int4(0, 0, 0, 0);
+      if (vecA) {
+#pragma unroll
+        for (int i = 0; i < C::CH_A; ++i) {
+          const int c0 = aB[i][0] + e.x, c1 = aB[i][1] + e.y, c2 = aB[i][2] + e.z;
+          const bool v = tv && in3(c0, c1, c2, sD, sH, sW);
+          const long long off =
+              v ? aN[i] + (chA + aK.ch) * sC + ((static_cast<long long>(c0) * sH + c1) * sW + c2) * sPix
+                : 0;
+          cp_async16(As + (r0A + i * C::RS_A) * C::LDA + ccA * VEC, ga + off, v);
+        }
+      } else {
+        U vals[C::CH_A][VEC];
+        int j = aK.j, ch = aK.ch;
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) {
+          const bool tq = j < geo.ntap;
+          const int4 ee = tq ? entry(j) : make_int4(0, 0, 0, 0);
+          const long long coff = (chA + ch) * sC;
+#pragma unroll
+          for (int i = 0; i < C::CH_A; ++i) {
+            const int c0 = aB[i][0] + ee.x, c1 = aB[i][1] + ee.y, c2 = aB[i][2] + ee.z;
+            U v = 0;
+            if (tq && in3(c0, c1, c2, sD, sH, sW))
+              v = ua[aN[i] + coff + ((static_cast<long long>(c0) * sH + c1) * sW + c2) * sPix];
+            vals[i][q] = v;
+          }
+          if (++ch == credA) { ch = 0; ++j; }
+        }
+#pragma unroll
+        for (int i = 0; i < C::CH_A; ++i) memcpy(&stgA[i], vals[i], 16);
+      }
+      if (!p.analytic) ktap_adv(aK, dTapJ, dTapC, credA);
+    } else {
+      // wgrad A: [BK][BM] rows kk (n,z,y,x), column chunk m = (tap wj, channel wc..)
+      if (vecA) {
+#pragma unroll
+        for (int i = 0; i < C::CH_A; ++i) {
+          const KPix& k = aP[i];
+          const int c0 = k.z * p.str[0] - p.pad[0] + we.x, c1 = k.y * p.str[1] - p.pad[1] + we.y,
+                    c2 = k.x * p.str[2] - p.pad[2] + we.z;
+          const bool v = wmv && k.n < p.N && in3(c0, c1, c2, p.D, p.H, p.W);
+          const long long off =
+              v ? k.n * p.xsN + (static_cast<long long>(g) * p.Cg + wc) * p.xsC +
+                      ((static_cast<long long>(c0) * p.H + c1) * p.W + c2) * p.xsPix
+                : 0;
+          cp_async16(As + (r0A + i * C::RS_A) * C::LDA + ccA * VEC, ga + off, v);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < C::CH_A; ++i) {
+          const KPix& k = aP[i];
+          U vals[VEC];
+          int j = wj, c = wc, m = m_base + ccA * VEC;
+#pragma unroll
+          for (int q = 0; q < VEC; ++q) {
+            U v = 0;
+            if (m < geo.Mph && k.n < p.N) {
+              const int4 ee = entry(j);
+              const int c0 = k.z * p.str[0] - p.pad[0] + ee.x,
+                        c1 = k.y * p.str[1] - p.pad[1] + ee.y,
+                        c2 = k.x * p.str[2] - p.pad[2] + ee.z;
+              if (in3(c0, c1, c2, p.D, p.H, p.W))
+                v = ua[k.n * p.xsN + (static_cast<long long>(g) * p.Cg + c) * p.xsC +
+                       ((static_cast<long long>(c0) * p.H + c1) * p.W + c2) * p.xsPix];
+            }
+            vals[q] = v;
+            ++m;
+            if (++c == p.Cg) { c = 0; ++j; }
+          }
+          memcpy(&stgA[i], vals, 16);
+        }
+      }
+      if (!p.analytic) {
+#pragma unroll
+        for (int i = 0; i < C::CH_A; ++i) kpix_adv(aP[i], dPix, p.Z, p.P, p.Q);
+      }
+    }
+    // ------------------------------------------------ B
+    if constexpr (OP == OP_FWD) {
+      // w as [BK][BN]: rows kk = (tap j, channel c), column chunk k = n0..
+      const int n0 = n_base + ccB * VEC;
+      const long long kb = static_cast<long long>(g) * p.Kg;
+#pragma unroll
+      for (int i = 0; i < C::CH_B; ++i) {
+        const KTap& k = bK[i];
+        const bool tv = k.j < geo.ntap;
+        const long long rowoff = tv ? k.ch * p.wsC + entry(k.j).w : 0;
+        if (vecB) {
+          const bool v = tv && n0 < p.Kg;
+          cp_async16(Bs + (r0B + i * C::RS_B) * C::LDB + ccB * VEC,
+                     gb + (v ? rowoff + (kb + n0) * p.wsK : 0), v);
+        } else {
+          U vals[VEC];
+#pragma unroll
+          for (int q = 0; q < VEC; ++q)
+            vals[q] = (tv && n0 + q < p.Kg) ? ub[rowoff + (kb + n0 + q) * p.wsK] : U(0);
+          memcpy(&stgB[i], vals, 16);
+        }
+      }
+      if (!p.analytic) {
+#pragma unroll
+        for (int i = 0; i < C::CH_B; ++i) ktap_adv(bK[i], dTapJ, dTapC, p.Cg);
+      }
+    } else if constexpr (OP == OP_DGRAD) {
+      // w as [BN][BK]: rows c, column chunk kk = (tap j, k)
+      const long long kb = static_cast<long long>(g) * p.Kg;
+      const bool tv = bKc.j < geo.ntap;
+      const int woff = tv ? entry(bKc.j).w : 0;
+#pragma unroll
+      for (int i = 0; i < C::CH_B; ++i) {
+        const int c = n_base + r0B + i * C::RS_B;
+        if (vecB) {
+          const bool v = tv && c < p.Cg;
+          cp_async16(Bs + (r0B + i * C::RS_B) * C::LDB + ccB * VEC,
+                     gb + (v ? woff + c * p.wsC + (kb + bKc.ch) * p.wsK : 0), v);
+        } else {
+          U vals[VEC];
+          int j = bKc.j, k = bKc.ch;
+#pragma unroll
+          for (int q = 0; q < VEC; ++q) {
+            U v = 0;
+            if (j < geo.ntap && c < p.Cg) v = ub[entry(j).w + c * p.wsC + (kb + k) * p.wsK];
+            vals[q] = v;
+            if (++k == p.Kg) { k = 0; ++j; }
+          }
+          memcpy(&stgB[i], vals, 16);
+        }
+      }
+      if (!p.analytic) ktap_adv(bKc, BK / p.Kg, BK % p.Kg, p.Kg);
+    } else {
+      // wgrad B = dy as [BK][BN]: rows kk (n, pix), column chunk k
+      const int n0 = n_base + ccB * VEC;
+      const long long kb = static_cast<long long>(g) * p.Kg;
+#pragma unroll
+      for (int i = 0; i < C::CH_B; ++i) {
+        const KPix& k = bP[i];
+        const bool rv = k.n < p.N;
+        const long long rowoff =
+            rv ? k.n * p.ysN + ((static_cast<long long>(k.z) * p.P + k.y) * p.Q + k.x) * p.ysPix : 0;
+        if (vecB) {
+          const bool v = rv && n0 < p.Kg;
+          cp_async16(Bs + (r0B + i * C::RS_B) * C::LDB + ccB * VEC,
+                     gb + (v ? rowoff + (kb + n0) * p.ysC : 0), v);
+        } else {
+          U vals[VEC];
+#pragma unroll
+          for (int q = 0; q < VEC; ++q)
+            vals[q] = (rv && n0 + q < p.Kg) ? ub[rowoff + (kb + n0 + q) * p.ysC] : U(0);
+          memcpy(&stgB[i], vals, 16);
+        }
+      }
+      if (!p.analytic) {
+#pragma unroll
+        for (int i = 0; i < C::CH_B; ++i) kpix_adv(bP[i], dPix, p.Z, p.P, p.Q);
+      }
+    }
+  };
+  auto store_staged = [&](int s) {
+    T* As = sm + s * C::STAGE;
+    T* Bs = As + C::A_ELEMS;
+    if (!vecA) {
+#pragma unroll
+      for (int i = 0; i < C::CH_A; ++i)
+        *reinterpret_cast<uint4*>(As + (r0A + i * C::RS_A) * C::LDA + ccA * VEC) = stgA[i];
+    }
+    if (!vecB) {
+#pragma unroll
+      for (int i = 0; i < C::CH_B; ++i)
+        *reinterpret_cast<uint4*>(Bs + (r0B + i * C::RS_B) * C::LDB + ccB * VEC) = stgB[i];
+    }
+  };
+
+  // ---- accumulators and compute
+  const int lane = tid & 31, warp = tid >> 5;
+  constexpr bool MMA = PT::KIND <= 2;
+  constexpr int WN = PT::WN;
+  constexpr int AM = MMA ? 4 : 1, AN = MMA ? WN / 8 : 1;
+  static_assert(!MMA || BN == 2 * WN, "MMA paths use 2x2 warps");
+  constexpr int TM = SimtDims<PT>::TM;
+  constexpr int TN = SimtDims<PT>::TN;
+  // MMA paths: warp tile 64x32 (warps 2x2), acc[i][j][4]; SIMT: acc[TM][TN]
+  float accf[AM][AN][4];
+  Acc accs[TM][TN];
+  if constexpr (MMA) {
+#pragma unroll
+    for (int i = 0; i < AM; ++i)
+#pragma unroll
+      for (int j = 0; j < AN; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) accf[i][j][c] = 0.f;
+  } else {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < TN; ++j) accs[i][j] = Acc(0);
+  }
+  const int warp_m = warp & 1, warp_n = warp >> 1;
+  constexpr int SN = BN / TN;  // SIMT threads along n
+  const int ty = tid / SN, tx = tid % SN;
+
+  auto compute = [&](int s) {
+    const T* As = sm + s * C::STAGE;
+    const T* Bs = As + C::A_ELEMS;
+    if constexpr (PT::KIND <= 1) {
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ++ks) {
+        const int k0 = ks * 16;
+        uint32_t af[4][4], bf[AN][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int m0 = warp_m * 64 + i * 16;
+          if constexpr (C::AK)
+            ldsm_x4(af[i], As + (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LDA + k0 + (lane >> 4) * 8);
+          else
+            ldsm_x4_t(af[i], As + (k0 + (lane & 7) + (lane >> 4) * 8) * C::LDA + m0 + ((lane >> 3) & 1) * 8);
+        }
+#pragma unroll
+        for (int jp = 0; jp < AN / 2; ++jp) {
+          const int n0 = warp_n * WN + jp * 16;
+          uint32_t r[4];
+          if constexpr (C::BKM)
+            ldsm_x4(r, Bs + (n0 + (lane & 7) + (lane >> 4) * 8) * C::LDB + k0 + ((lane >> 3) & 1) * 8);
+          else
+            ldsm_x4_t(r, Bs + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * C::LDB + n0 + (lane >> 4) * 8);
+          bf[2 * jp][0] = r[0];
+          bf[2 * jp][1] = r[1];
+          bf[2 * jp + 1][0] = r[2];
+          bf[2 * jp + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < AN; ++j) mma16816<PT::KIND == 1>(accf[i][j], af[i], bf[j][0], bf[j][1]);
+      }
+    } else if constexpr (PT::KIND == 2) {
+      const int gq = lane >> 2, tq = lane & 3;
+      auto Aat = [&](int m, int k) -> float {
+        return C::AK ? As[m * C::LDA + k] : As[k * C::LDA + m];
+      };
+      auto Bat = [&](int n, int k) -> float {
+        return C::BKM ? Bs[n * C::LDB + k] : Bs[k * C::LDB + n];
+      };
+#pragma unroll
+      for (int ks = 0; ks < BK / 8; ++ks) {
+        const int k0 = ks * 8;
+        uint32_t af[4][4], bf[AN][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int m = warp_m * 64 + i * 16 + gq;
+          af[i][0] = to_tf32(Aat(m, k0 + tq));
+          af[i][1] = to_tf32(Aat(m + 8, k0 + tq));
+          af[i][2] = to_tf32(Aat(m, k0 + tq + 4));
+          af[i][3] = to_tf32(Aat(m + 8, k0 + tq + 4));
+        }
+#pragma unroll
+        for (int j = 0; j < AN; ++j) {
+          const int n = warp_n * WN + j * 8 + gq;
+          bf[j][0] = to_tf32(Bat(n, k0 + tq));
+          bf[j][1] = to_tf32(Bat(n, k0 + tq + 4));
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < AN; ++j) mma1688_tf32(accf[i][j], af[i], bf[j][0], bf[j][1]);
+      }
+    } else {
+      constexpr int SM_ = BM / TM;
+#pragma unroll 4
+      for (int k = 0; k < BK; ++k) {
+        Acc av[TM], bv[TN];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+          const int m = ty + i * SM_;
+          av[i] = C::AK ? As[m * C::LDA + k] : As[k * C::LDA + m];
+        }
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+          const int n = tx + j * SN;
+          bv[j] = C::BKM ? Bs[n * C::LDB + k] : Bs[k * C::LDB + n];
+        }
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+          for (int j = 0; j < TN; ++j) accs[i][j] = fma(av[i], bv[j], accs[i][j]);
+      }
+    }
+  };
+
+  // ---- pipeline
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {
+    if (s < nk) {
+      issue(kt0 + s, s);
+      store_staged(s);
+    }
+    cp_async_commit();
+  }
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<ST - 2>();
+    __syncthreads();
+    const int nx = it + ST - 1;
+    const int sn = nx % ST;
+    const bool more = nx < nk;
+    if (more) issue(kt0 + nx, sn);
+    cp_async_commit();
+    compute(it % ST);
+    if (more) store_staged(sn);
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue
+  const bool part = p.splits > 1;
+  const int zidx = g * p.nphase + phase;
+  const long long pbase = (static_cast<long long>(zidx) * p.splits + split) * p.Mmax;
+  const int ncols = OP == OP_DGRAD ? p.Cg : p.Kg;
+  const long long cbase = part ? 0 : out_col_base<OP>(p, g);
+  const long long cstr = part ? 1 : out_col_stride<OP>(p);
+  const int odt = part ? (sizeof(Acc) == 8 ? DT_F64 : DT_F32) : p.out_dtype;
+  void* outp = part ? p.partial : p.out;
+  auto rowoff = [&](int m) -> long long {
+    return part ? (pbase + m) * p.Ng : out_row_off<OP>(p, geo, m);
+  };
+  if constexpr (MMA) {
+    const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = m_base + warp_m * 64 + i * 16 + gq + h * 8;
+        if (m >= geo.Mph) continue;
+        const long long ro = rowoff(m) + cbase;
+#pragma unroll
+        for (int j = 0; j < AN; ++j) {
+          const int n = n_base + warp_n * WN + j * 8 + tq * 2;
+          const float v0 = accf[i][j][h * 2], v1 = accf[i][j][h * 2 + 1];
+          if (n >= ncols) continue;
+          const long long off = ro + n * cstr;
+          if (cstr == 1 && n + 1 < ncols && (off & 1) == 0) {
+            st2<float>(outp, off, odt, v0, v1);
+          } else {
+            st1<float>(outp, off, odt, v0);
+            if (n + 1 < ncols) st1<float>(outp, off + cstr, odt, v1);
+          }
+        }
+      }
+  } else {
+    constexpr int SM_ = BM / TM;
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+      const int m = m_base + ty + i * SM_;
+      if (m >= geo.Mph) continue;
+      const long long ro = rowoff(m) + cbase;
+#pragma unroll
+      for (int j = 0; j < TN; ++j) {
+        const int n = n_base + tx + j * SN;
+        if (n < ncols) st1<Acc>(outp, ro + n * cstr, odt, accs[i][j]);
+      }
+    }
+  }
+}
+
+// Fixed-order split-K reduction: out = sum_{split} partial[zidx][split][m][n].
+template <class Acc, int OP>
+__global__ void splitk_reduce_kernel(const Params p) {
+  const Acc* part = static_cast<const Acc*>(p.partial);
+  const long long per = static_cast<long long>(p.Mmax) * p.Ng;
+  const long long total = static_cast<long long>(p.G) * p.nphase * per;
+  for (long long idx = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int zidx = static_cast<int>(idx / per);
+    const long long r = idx - zidx * per;
+    const int m = static_cast<int>(r / p.Ng);
+    const int n = static_cast<int>(r - static_cast<long long>(m) * p.Ng);
+    const int phase = zidx % p.nphase, g = zidx / p.nphase;
+    const Geo geo = make_geo<OP>(p, phase);
+    if (m >= geo.Mph) continue;
+    Acc s = 0;
+    const Acc* src = part + (static_cast<long long>(zidx) * p.splits) * per + r;
+    for (int k = 0; k < p.splits; ++k) s += src[k * per];
+    st1<Acc>(p.out, out_row_off<OP>(p, geo, m) + out_col_base<OP>(p, g) + n * out_col_stride<OP>(p),
+             p.out_dtype, s);
+  }
+}
+
+// im2col for the GEMM family: col[(n,z,y,x)][g][c'] with c' = (tap, c) for DHWIO weights and
+// (c, tap) for OIDHW weights (so that the weights are the 1x1 problem's weights unchanged).
+template <class U>
+__global__ void im2col_kernel(const Params p, const U* __restrict__ x, U* __restrict__ col,
+                              long long total, int cpg, int hwio) {
+  const int ntap = p.T * p.R * p.S;
+  for (long long idx = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int cp = static_cast<int>(idx % cpg);
+    long long r = idx / cpg;
+    const int g = static_cast<int>(r % p.G);
+    long long m = r / p.G;
+    int j, c;
+    if (hwio) { j = cp / p.Cg; c = cp - j * p.Cg; }
+    else { c = cp / ntap; j = cp - c * ntap; }
+    const int t = j / (p.R * p.S), rr = (j / p.S) % p.R, s = j % p.S;
+    const int q = static_cast<int>(m % p.Q); m /= p.Q;
+    const int pp = static_cast<int>(m % p.P); m /= p.P;
+    const int z = static_cast<int>(m % p.Z);
+    const long long n = m / p.Z;
+    const int d = z * p.str[0] + t * p.dil[0] - p.pad[0];
+    const int h = pp * p.str[1] + rr * p.dil[1] - p.pad[1];
+    const int w = q * p.str[2] + s * p.dil[2] - p.pad[2];
+    U v = 0;
+    if (in3(d, h, w, p.D, p.H, p.W))
+      v = x[n * p.xsN + (static_cast<long long>(g) * p.Cg + c) * p.xsC +
+            ((static_cast<long long>(d) * p.H + h) * p.W + w) * p.xsPix];
+    col[idx] = v;
+  }
+}
+
+// col2im gather for the GEMM family's dgrad: dx = sum over the taps that reach each input pixel.
+template <class Acc>
+__global__ void col2im_kernel(const Params p, const Acc* __restrict__ dcol, long long total,
+                              int cpg, int hwio) {
+  const int ntap = p.T * p.R * p.S;
+  const int C = p.G * p.Cg;
+  for (long long idx = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int ca = static_cast<int>(idx % C);
+    long long r = idx / C;
+    const int w = static_cast<int>(r % p.W); r /= p.W;
+    const int h = static_cast<int>(r % p.H); r /= p.H;
+    const int d = static_cast<int>(r % p.D);
+    const long long n = r / p.D;
+    const int g = ca / p.Cg, c = ca - g * p.Cg;
+    Acc s = 0;
+    for (int t = 0; t < p.T; ++t) {
+      const int nz = d + p.pad[0] - t * p.dil[0];
+      if (nz % p.str[0] != 0) continue;
+      const int z = nz / p.str[0];
+      if (z < 0 || z >= p.Z) continue;
+      for (int rr = 0; rr < p.R; ++rr) {
+        const int ny = h + p.pad[1] - rr * p.dil[1];
+        if (ny % p.str[1] != 0) continue;
+        const int y = ny / p.str[1];
+        if (y < 0 || y >= p.P) continue;
+        for (int ss = 0; ss < p.S; ++ss) {
+          const int nx = w + p.pad[2] - ss * p.dil[2];
+          if (nx % p.str[2] != 0) continue;
+          const int xq = nx / p.str[2];
+          if (xq < 0 || xq >= p.Q) continue;
+          const int j = (t * p.R + rr) * p.S + ss;
+          const int cp = hwio ? j * p.Cg + c : c * ntap + j;
+          s += dcol[(((n * p.Z + z) * p.P + y) * static_cast<long long>(p.Q) + xq) * p.G * cpg +
+                    static_cast<long long>(g) * cpg + cp];
+        }
+      }
+    }
+    st1<Acc>(p.out, n * p.xsN + ca * p.xsC + ((static_cast<long long>(d) * p.H + h) * p.W + w) * p.xsPix,
+             p.out_dtype, s);
+  }
+}
+
+__global__ void zero_bytes_kernel(unsigned char* p, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    p[i] = 0;
+}
+
+// ---------------------------------------------------------------- host side
+enum PathId { P_BF16 = 0, P_F16 = 1, P_TF32 = 2, P_F32 = 3, P_F64 = 4 };
+struct TileDims {
+  int BM, BN, BK;
+};
+TileDims tile_dims(int path, int tile) {
+  switch (path) {
+    case P_BF16:
+    case P_F16: return tile ? TileDims{128, 128, 32} : TileDims{128, 64, 32};
+    case P_TF32:
+    case P_F32: return {128, 64, 16};
+    default: return {64, 64, 16};
+  }
+}
+// CTAs resident per SM (from the kernels' register/shared-memory use on sm_90; a constant so that
+// the plan, and with it the workspace size, depends on the problem only).
+int resident_ctas(int path, int op, int tile) {
+  if (path <= P_TF32) return op == OP_WGRAD ? 2 : (tile ? 2 : 3);
+  return 2;
+}
+size_t pipe_smem(int path, int op, int tile) {
+  if (tile == 1) return path == P_F16 ? Cfg<PathF16L, 0>::SMEM_PIPE : Cfg<PathBF16L, 0>::SMEM_PIPE;
+  switch (path) {
+    case P_BF16:
+      return op == OP_FWD ? Cfg<PathBF16, 0>::SMEM_PIPE : op == OP_DGRAD ? Cfg<PathBF16, 1>::SMEM_PIPE : Cfg<PathBF16, 2>::SMEM_PIPE;
+    case P_F16:
+      return op == OP_FWD ? Cfg<PathF16, 0>::SMEM_PIPE : op == OP_DGRAD ? Cfg<PathF16, 1>::SMEM_PIPE : Cfg<PathF16, 2>::SMEM_PIPE;
+    case P_TF32:
+      return op == OP_FWD ? Cfg<PathTF32, 0>::SMEM_PIPE : op == OP_DGRAD ? Cfg<PathTF32, 1>::SMEM_PIPE : Cfg<PathTF32, 2>::SMEM_PIPE;
+    case P_F32:
+      return op == OP_FWD ? Cfg<PathF32, 0>::SMEM_PIPE : op == OP_DGRAD ? Cfg<PathF32, 1>::SMEM_PIPE : Cfg<PathF32, 2>::SMEM_PIPE;
+    default:
+      return op == OP_FWD ? Cfg<PathF64, 0>::SMEM_PIPE : op == OP_DGRAD ? Cfg<PathF64, 1>::SMEM_PIPE : Cfg<PathF64, 2>::SMEM_PIPE;
+  }
+}
+
+int select_path(const CudaConvCall& c) {
+  switch (c.in) {
+    case DType::kBF16: return P_BF16;
+    case DType::kF16: return P_F16;
+    case DType::kF64: return P_F64;
+    default: return c.precision == MathPrecision::kHighest ? P_F32 : P_TF32;
+  }
+}
+
+struct Plan {
+  std::string err;
+  int path = 0, op = 0;
+  bool gemm_algo = false, degenerate = false;
+  Params prm{};   // main GEMM launch (for the GEMM family: the 1x1 problem)
+  Params orig{};  // original problem (im2col / col2im)
+  int gridx = 0, gridy = 0, gridz = 0;
+  size_t smem = 0;
+  size_t col_bytes = 0, part_bytes = 0, part_off = 0, total = 0;
+  int cpg = 0, hwio = 1;
+  int tile = 0;  // 0: 128x64 CTA tile; 1: 128x128 (16-bit forward only)
+};
+
+constexpr long long kI32 = 2147483647LL;
+
+void fill_strides(const ConvProblem& pb, Params& p) {
+  const long long C = pb.C, K = pb.K, Cg = pb.Cg();
+  const long long dhw = pb.in_pixels(), zpq = pb.out_pixels();
+  const long long T = pb.filt[0], R = pb.filt[1], S = pb.filt[2];
+  if (pb.layout == Layout::kNHWC) {
+    p.xsC = 1; p.xsPix = C; p.xsN = dhw * C;
+    p.ysC = 1; p.ysPix = K; p.ysN = zpq * K;
+    p.wsK = 1; p.wsC = K; p.wsS = Cg * K; p.wsR = S * Cg * K; p.wsT = R * S * Cg * K;
+  } else {
+    p.xsPix = 1; p.xsC = dhw; p.xsN = C * dhw;
+    p.ysPix = 1; p.ysC = zpq; p.ysN = K * zpq;
+    p.wsS = 1; p.wsR = S; p.wsT = R * S; p.wsC = T * R * S; p.wsK = Cg * T * R * S;
+  }
+}
+
+size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+Plan make_plan(const CudaConvCall& c) {
+  Plan pl;
+  const ConvProblem& pb = c.problem;
+  if (c.algo != ConvAlgo::kImplicitGemm && c.algo != ConvAlgo::kImplicitPrecompGemm &&
+      c.algo != ConvAlgo::kGemm) {
+    pl.err = "not a GEMM-family algorithm";
+    return pl;
+  }
+  {
+    std::string v = validate_problem(pb);
+    if (!v.empty()) { pl.err = v; return pl; }
+  }
+  if (!pb.unit_lhs_dilation()) {
+    pl.err = std::string(conv_algo_name(c.algo)) +
+             ": lhs_dilation > 1 is not supported (no zero-inserting emulation)";
+    return pl;
+  }
+  const bool in16 = c.in == DType::kBF16 || c.in == DType::kF16;
+  if (!(c.out == c.in || (in16 && c.out == DType::kF32))) {
+    pl.err = "unsupported dtype combination (out must equal in, or be float32 for 16-bit in)";
+    return pl;
+  }
+  if (c.op != ConvOp::kForward && c.op != ConvOp::kBackwardData && c.op != ConvOp::kBackwardFilter) {
+    pl.err = "unknown convolution op";
+    return pl;
+  }
+  // 32-bit index limits (offsets into tensors are 64-bit)
+  const long long Cg = pb.Cg(), Kg = pb.Kg();
+  const long long ntap = pb.filt_taps();
+  const long long M_fwd = pb.N * pb.out_pixels(), M_dx = pb.N * pb.in_pixels();
+  if (M_fwd > kI32 || M_dx > kI32 || ntap * Cg > kI32 || ntap * Kg > kI32 || pb.w_elems() > kI32 ||
+      pb.N > kI32 || pb.C > kI32 || pb.K > kI32) {
+    pl.err = std::string(conv_algo_name(c.algo)) +
+             ": N*spatial, taps*channels and the filter size must each be below 2^31";
+    return pl;
+  }
+  for (int a = 0; a < 3; ++a)
+    if (std::abs(pb.pad_lo[a]) > (1 << 28) || pb.stride[a] > (1 << 20) ||
+        pb.dilation[a] > (1 << 20) || pb.in[a] > kI32 || pb.out[a] > kI32) {
+      pl.err = "GEMM family: padding/stride/dilation/extent too large for 32-bit index math";
+      return pl;
+    }
+  pl.path = select_path(c);
+  pl.op = c.op == ConvOp::kForward ? OP_FWD : c.op == ConvOp::kBackwardData ? OP_DGRAD : OP_WGRAD;
+  pl.gemm_algo = c.algo == ConvAlgo::kGemm;
+  const int acc_bytes = pl.path == P_F64 ? 8 : 4;
+  const size_t in_bytes = dtype_bytes(c.in);
+
+  Params& o = pl.orig;
+  o.N = static_cast<int>(pb.N); o.G = static_cast<int>(pb.G);
+  o.Cg = static_cast<int>(Cg); o.Kg = static_cast<int>(Kg);
+  o.D = static_cast<int>(pb.in[0]); o.H = static_cast<int>(pb.in[1]); o.W = static_cast<int>(pb.in[2]);
+  o.T = static_cast<int>(pb.filt[0]); o.R = static_cast<int>(pb.filt[1]); o.S = static_cast<int>(pb.filt[2]);
+  o.Z = static_cast<int>(pb.out[0]); o.P = static_cast<int>(pb.out[1]); o.Q = static_cast<int>(pb.out[2]);
+  for (int a = 0; a < 3; ++a) {
+    o.str[a] = static_cast<int>(pb.stride[a]);
+    o.dil[a] = static_cast<int>(pb.dilation[a]);
+    o.pad[a] = static_cast<int>(pb.pad_lo[a]);
+  }
+  fill_strides(pb, o);
+  o.nphase = 1;
+  o.splits = 1;
+  o.out_dtype = static_cast<int>(c.out);
+  o.use_table = 1;
+
+  if (pb.x_elems() == 0 || pb.y_elems() == 0 || pb.w_elems() == 0) {
+    pl.degenerate = true;  // some operand is empty: the result is zeros (or empty)
+    return pl;
+  }
+
+  Params p = o;
+  pl.hwio = pb.layout == Layout::kNHWC ? 1 : 0;
+  pl.cpg = static_cast<int>(ntap * Cg);
+  if (pl.gemm_algo) {
+    if (ntap * pb.C > kI32) { pl.err = "GEMM: im2col row longer than 2^31"; return pl; }
+    // the equivalent 1x1 problem on the column buffer (NHWC, C' = G*ntap*Cg channels)
+    const long long cp = static_cast<long long>(pl.cpg) * pb.G;
+    const long long zpq = pb.out_pixels();
+    p.D = o.Z; p.H = o.P; p.W = o.Q;
+    p.T = p.R = p.S = 1;
+    for (int a = 0; a < 3; ++a) { p.str[a] = 1; p.dil[a] = 1; p.pad[a] = 0; }
+    p.Cg = pl.cpg;
+    p.xsC = 1; p.xsPix = cp; p.xsN = zpq * cp;
+    if (pl.hwio) { p.wsK = 1; p.wsC = pb.K; }
+    else { p.wsK = pl.cpg; p.wsC = 1; }
+    p.wsT = p.wsR = p.wsS = 0;
+    const size_t elems = static_cast<size_t>(pb.N) * zpq * cp;
+    pl.col_bytes = align256(elems * (pl.op == OP_DGRAD ? acc_bytes : in_bytes));
+    if (pl.col_bytes > (size_t(16) << 30)) {
+      pl.err = "GEMM: the im2col/column buffer would exceed 16 GiB of workspace";
+      return pl;
+    }
+    if (pl.op == OP_DGRAD) p.out_dtype = acc_bytes == 8 ? DT_F64 : DT_F32;
+  }
+  p.use_table = c.algo == ConvAlgo::kImplicitGemm ? 0 : 1;
+  p.analytic = c.algo == ConvAlgo::kImplicitGemm ? 1 : 0;
+  const long long ptaps = static_cast<long long>(p.T) * p.R * p.S;
+  if (p.use_table && ptaps > kMaxTableTaps) {
+    pl.err = std::string(conv_algo_name(c.algo)) + ": more than " + std::to_string(kMaxTableTaps) +
+             " filter taps (the per-CTA offset table would not fit in shared memory)";
+    return pl;
+  }
+  if (pl.op == OP_DGRAD) p.nphase = p.str[0] * p.str[1] * p.str[2];
+  // max M and Kred over phases
+  int Mmax = 0, Kmax = 0;
+  for (int ph = 0; ph < p.nphase; ++ph) {
+    Geo geo = pl.op == OP_FWD ? make_geo<OP_FWD>(p, ph)
+              : pl.op == OP_DGRAD ? make_geo<OP_DGRAD>(p, ph) : make_geo<OP_WGRAD>(p, ph);
+    Mmax = std::max(Mmax, geo.Mph);
+    Kmax = std::max(Kmax, geo.Kred);
+  }
+  if (pl.op == OP_WGRAD && static_cast<long long>(p.N) * p.Z * p.P * p.Q > kI32) {
+    pl.err = "backward-filter: N*output pixels must be below 2^31";
+    return pl;
+  }
+  p.Mmax = Mmax;
+  p.Ng = pl.op == OP_DGRAD ? p.Cg : p.Kg;
+  const long long zbase = static_cast<long long>(p.G) * p.nphase;
+  // Tile shape and split-K, from the shape only (deterministic workspace and result).
+  struct Choice {
+    long long tilesM, tilesN, splits;
+    int ktps;
+    double cost;
+  };
+  auto choose = [&](int tile) {
+    const TileDims td = tile_dims(pl.path, tile);
+    Choice ch;
+    ch.tilesM = (Mmax + td.BM - 1) / td.BM;
+    ch.tilesN = (p.Ng + td.BN - 1) / td.BN;
+    const long long tiles = ch.tilesM * ch.tilesN * zbase;
+    const int KT = (Kmax + td.BK - 1) / td.BK;
+    const long long slots = 132LL * resident_ctas(pl.path, pl.op, tile);
+    long long want = 1;
+    if (pl.op == OP_WGRAD) want = (2 * slots + tiles - 1) / tiles;
+    else if (tiles < slots) want = slots / tiles;
+    long long sp = std::min<long long>(want, std::max(1, KT / 8));
+    sp = std::max<long long>(1, std::min<long long>(sp, 65535 / zbase));
+    while (sp > 1 && static_cast<size_t>(sp) * zbase * Mmax * p.Ng * acc_bytes > (size_t(1) << 30))
+      sp = (sp + 1) / 2;
+    ch.ktps = KT > 0 ? static_cast<int>((KT + sp - 1) / sp) : 0;
+    ch.splits = ch.ktps > 0 ? (KT + ch.ktps - 1) / ch.ktps : 1;
+    const long long ctas = tiles * ch.splits;
+    const double waves = static_cast<double>((ctas + slots - 1) / slots);
+    // relative per-CTA time: MACs per CTA over the tile's relative efficiency
+    const double eff = tile == 1 ? 1.35 : 1.0;
+    ch.cost = waves * td.BM * td.BN * (static_cast<double>(ch.ktps) * td.BK + 64.0) / eff;
+    return ch;
+  };
+  pl.tile = 0;
+  if (pl.op == OP_FWD && (pl.path == P_BF16 || pl.path == P_F16)) {
+    const char* force = std::getenv("JAXDNN_GEMM_TILE");  // testing override: "S" or "L"
+    if (force && force[0] == 'L') pl.tile = 1;
+    else if (force && force[0] == 'S') pl.tile = 0;
+    else if (p.Ng >= 128) pl.tile = choose(1).cost < choose(0).cost ? 1 : 0;
+  }
+  const Choice ch = choose(pl.tile);
+  const long long splits = ch.splits;
+  auto pbytes = [&](long long s) {
+    return s > 1 ? align256(static_cast<size_t>(s) * zbase * Mmax * p.Ng * acc_bytes) : 0;
+  };
+  p.splits = static_cast<int>(splits);
+  p.ktps = ch.ktps;
+  p.tilesN = static_cast<int>(ch.tilesN);
+  if (ch.tilesM * ch.tilesN > kI32 || zbase * splits > 65535) {
+    pl.err = std::string(conv_algo_name(c.algo)) + ": grid too large (channels or groups)";
+    return pl;
+  }
+  pl.gridx = static_cast<int>(ch.tilesM * ch.tilesN);
+  pl.gridy = 1;
+  pl.gridz = static_cast<int>(zbase * splits);
+  pl.part_bytes = pbytes(splits);
+  pl.part_off = pl.col_bytes;
+  pl.total = pl.col_bytes + pl.part_bytes;
+  pl.smem = pipe_smem(pl.path, pl.op, pl.tile) + (p.use_table ? static_cast<size_t>(ptaps) * 16 : 0);
+  pl.prm = p;
+  return pl;
+}
+
+template <class PT, int OP>
+std::string launch_gemm(const Plan& pl, const Params& p, cudaStream_t st) {
+  auto kern = conv_gemm_kernel<PT, OP>;
+  // Raise the dynamic shared-memory limit once per device to the largest this kernel can ask for
+  // (pipeline + the full tap table); the attribute does not change occupancy by itself.
+  static std::atomic<unsigned long long> attr_done{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(e);
+  const unsigned long long bit = 1ULL << (dev & 63);
+  if (!(attr_done.load(std::memory_order_acquire) & bit)) {
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(Cfg<PT, OP>::SMEM_PIPE + kMaxTableTaps * 16));
+    if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
+    attr_done.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  kern<<<dim3(pl.gridx, pl.gridy, pl.gridz), kNT, pl.smem, st>>>(p);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return std::string("conv_gemm_kernel launch: ") + cudaGetErrorString(e);
+  if (p.splits > 1) {
+    const long long total = static_cast<long long>(p.G) * p.nphase * p.Mmax * p.Ng;
+    const int blocks = static_cast<int>(std::min<long long>((total + 255) / 256, 132 * 16));
+    splitk_reduce_kernel<typename PT::Acc, OP><<<blocks, 256, 0, st>>>(p);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return std::string("split-K reduce launch: ") + cudaGetErrorString(e);
+  }
+  return "";
+}
+
+template <int OP>
+std::string launch_path(const Plan& pl, const Params& p, cudaStream_t st) {
+  if constexpr (OP == OP_FWD) {
+    if (pl.tile == 1) {
+      return pl.path == P_F16 ? launch_gemm<PathF16L, OP>(pl, p, st)
+                              : launch_gemm<PathBF16L, OP>(pl, p, st);
+    }
+  }
+  switch (pl.path) {
+    case P_BF16: return launch_gemm<PathBF16, OP>(pl, p, st);
+    case P_F16: return launch_gemm<PathF16, OP>(pl, p, st);
+    case P_TF32: return launch_gemm<PathTF32, OP>(pl, p, st);
+    case P_F32: return launch_gemm<PathF32, OP>(pl, p, st);
+    default: return launch_gemm<PathF64, OP>(pl, p, st);
+  }
+}
+std::string launch_op(const Plan& pl, const Params& p, cudaStream_t st) {
+  switch (pl.op) {
+    case OP_FWD: return launch_path<OP_FWD>(pl, p, st);
+    case OP_DGRAD: return launch_path<OP_DGRAD>(pl, p, st);
+    default: return launch_path<OP_WGRAD>(pl, p, st);
+  }
+}
+
+int grid_for(long long total) {
+  return static_cast<int>(std::max<long long>(1, std::min<long long>((total + 255) / 256, 132 * 32)));
+}
+
+std::string launch_im2col(const Plan& pl, const void* x, void* col, size_t in_bytes,
+                          cudaStream_t st) {
+  const Params& o = pl.orig;
+  const long long total = static_cast<long long>(o.N) * o.Z * o.P * o.Q * o.G * pl.cpg;
+  const int blocks = grid_for(total);
+  if (in_bytes == 2)
+    im2col_kernel<unsigned short><<<blocks, 256, 0, st>>>(o, static_cast<const unsigned short*>(x),
+                                                          static_cast<unsigned short*>(col), total, pl.cpg, pl.hwio);
+  else if (in_bytes == 4)
+    im2col_kernel<unsigned int><<<blocks, 256, 0, st>>>(o, static_cast<const unsigned int*>(x),
+                                                        static_cast<unsigned int*>(col), total, pl.cpg, pl.hwio);
+  else
+    im2col_kernel<unsigned long long><<<blocks, 256, 0, st>>>(
+        o, static_cast<const unsigned long long*>(x), static_cast<unsigned long long*>(col), total, pl.cpg, pl.hwio);
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("im2col launch: ") + cudaGetErrorString(e);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+void set_vec_flags(Plan& pl, Params& p) {
+  const int vec = pl.path <= P_F16 ? 8 : pl.path == P_F64 ? 2 : 4;
+  const bool al = aligned16(p.a) && aligned16(p.b);
+  bool va = false, vb = false;
+  if (pl.op == OP_FWD) {
+    va = p.xsC == 1 && p.Cg % vec == 0;
+    vb = p.wsK == 1 && p.Kg % vec == 0;
+  } else if (pl.op == OP_DGRAD) {
+    va = p.ysC == 1 && p.Kg % vec == 0;
+    vb = p.wsK == 1 && p.Kg % vec == 0;
+  } else {
+    va = p.xsC == 1 && p.Cg % vec == 0;
+    vb = p.ysC == 1 && p.Kg % vec == 0;
+  }
+  p.vecA = (va && al) ? 1 : 0;
+  p.vecB = (vb && al) ? 1 : 0;
+}
+
+}  // namespace
+
+std::string gemm_family_can_implement(const CudaConvCall& c) { return make_plan(c).err; }
+
+size_t gemm_family_workspace_bytes(const CudaConvCall& c) {
+  Plan pl = make_plan(c);
+  return pl.err.empty() ? pl.total : 0;
+}
+
+std::string gemm_family_run(const CudaConvCall& c, const CudaConvBuffers& io) {
+  Plan pl = make_plan(c);
+  if (!pl.err.empty()) return pl.err;
+  const ConvProblem& pb = c.problem;
+  if (pl.degenerate) {
+    const long long n = c.op == ConvOp::kForward ? pb.y_elems()
+                        : c.op == ConvOp::kBackwardData ? pb.x_elems() : pb.w_elems();
+    const size_t bytes = static_cast<size_t>(n) * dtype_bytes(c.out);
+    if (bytes == 0) return "";
+    zero_bytes_kernel<<<grid_for(static_cast<long long>(bytes)), 256, 0, io.stream>>>(
+        static_cast<unsigned char*>(io.out), bytes);
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? "" : std::string("zero fill launch: ") + cudaGetErrorString(e);
+  }
+  if (pl.total > 0 && (io.workspace == nullptr || io.workspace_size < pl.total))
+    return "GEMM family: workspace too small (" + std::to_string(io.workspace_size) + " < " +
+           std::to_string(pl.total) + " bytes)";
+  unsigned char* ws = static_cast<unsigned char*>(io.workspace);
+  Params p = pl.prm;
+  p.partial = pl.part_bytes ? ws + pl.part_off : nullptr;
+  const size_t in_bytes = dtype_bytes(c.in);
+  std::string err;
+  if (!pl.gemm_algo) {
+    p.a = io.a; p.b = io.b; p.out = io.out;
+    set_vec_flags(pl, p);
+    return launch_op(pl, p, io.stream);
+  }
+  void* col = ws;
+  if (pl.op == OP_FWD || pl.op == OP_WGRAD) {
+    err = launch_im2col(pl, io.a, col, in_bytes, io.stream);
+    if (!err.empty()) return err;
+    p.a = col; p.b = io.b; p.out = io.out;
+    set_vec_flags(pl, p);
+    return launch_op(pl, p, io.stream);
+  }
+  // dgrad: dcol = 1x1 dgrad(dy, w) in the accumulation type, then col2im gather
+  p.a = io.a; p.b = io.b; p.out = col;
+  set_vec_flags(pl, p);
+  err = launch_op(pl, p, io.stream);
+  if (!err.empty()) return err;
+  Params o = pl.orig;
+  o.out = io.out;
+  const long long total = pb.x_elems();
+  if (pl.path == P_F64)
+    col2im_kernel<double><<<grid_for(total), 256, 0, io.stream>>>(o, static_cast<const double*>(col), total, pl.cpg, pl.hwio);
+  else
+    col2im_kernel<float><<<grid_for(total), 256, 0, io.stream>>>(o, static_cast<const float*>(col), total, pl.cpg, pl.hwio);
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("col2im launch: ") + cudaGetErrorString(e);
+}
+
+}  // namespace jaxdnn::cuda
