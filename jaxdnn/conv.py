@@ -46,6 +46,17 @@ def _positive_int(name: str, value) -> int:
   return v
 
 
+# Dot-algorithm presets that promise more than TF32 accuracy (the rest allow TF32 / 16-bit math).
+_PRESET_PRECISION = {
+    "F32_F32_F32": MathPrecision.HIGHEST,
+    "F64_F64_F64": MathPrecision.HIGHEST,
+    "BF16_BF16_F32_X6": MathPrecision.HIGHEST,
+    "BF16_BF16_F32_X9": MathPrecision.HIGHEST,
+    "BF16_BF16_F32_X3": MathPrecision.HIGH,
+    "TF32_TF32_F32_X3": MathPrecision.HIGH,
+}
+
+
 def _math_precision(precision) -> MathPrecision:
   """lax's precision argument (None, Precision, string, or a pair) -> the loosest TF32 rule."""
   if precision is None:
@@ -62,6 +73,9 @@ def _math_precision(precision) -> MathPrecision:
     if p is None:
       levels.append(MathPrecision.DEFAULT)
       continue
+    if isinstance(p, lax.DotAlgorithmPreset):
+      levels.append(_PRESET_PRECISION.get(p.name, MathPrecision.DEFAULT))
+      continue
     try:
       levels.append(MathPrecision(int(lax.Precision(p).value)))
     except (ValueError, TypeError, KeyError):
@@ -70,7 +84,10 @@ def _math_precision(precision) -> MathPrecision:
 
 
 def _check_dtype(name: str, dtype) -> np.dtype:
-  dtype = np.dtype(dtype)
+  try:
+    dtype = np.dtype(dtype)
+  except TypeError:
+    raise TypeError(f"{name} must be a floating dtype, got {dtype!r}") from None
   if dtype not in algorithms.SUPPORTED_DTYPES:
     supported = ", ".join(str(d) for d in algorithms.SUPPORTED_DTYPES)
     raise TypeError(f"{name} has dtype {dtype}; jaxdnn supports {supported}")
@@ -157,6 +174,9 @@ def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rh
     raise TypeError(f"lhs and rhs must have the same dtype, got {in_dtype} and {rhs_dtype}")
   out_dtype = in_dtype if preferred_element_type is None else _check_dtype(
       "preferred_element_type", preferred_element_type)
+  if out_dtype.itemsize < in_dtype.itemsize:
+    raise TypeError(f"preferred_element_type must not be narrower than the operands' dtype (as "
+                    f"in lax), got {out_dtype} for {in_dtype} operands")
   nsd = lhs.ndim - 2
 
   try:

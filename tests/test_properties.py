@@ -1,0 +1,104 @@
+"""Property test: random geometries, layouts and dtypes; forward and both gradients vs lax."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import assume, given, note, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import jaxdnn  # noqa: E402
+from helpers import FAMILIES, LOWERING_PLATFORM, lax_conv_hi, rand, unsupported  # noqa: E402
+from tolerances import F32, F64, assert_close, tolerance  # noqa: E402
+
+
+@st.composite
+def conv_problems(draw):
+  nsd = draw(st.sampled_from([1, 2, 2, 3]))
+  sp = "DHW"[3 - nsd:]
+  max_in = 4 if nsd == 3 else 7
+  groups = draw(st.integers(1, 3))
+  group_kind = draw(st.sampled_from(["feature", "batch"])) if groups > 1 else "feature"
+  cg = draw(st.integers(1, 3))
+  kg = draw(st.integers(1, 3))
+  k = groups * kg
+  if group_kind == "feature":
+    c, fgc, bgc = groups * cg, groups, 1
+    n = draw(st.integers(0, 3))
+  else:
+    c, fgc, bgc = cg, 1, groups
+    n = groups * draw(st.integers(1, 2))
+  in_spatial = [draw(st.integers(1, max_in)) for _ in range(nsd)]
+  filt = [draw(st.integers(1, 3)) for _ in range(nsd)]
+  strides = tuple(draw(st.integers(1, 3)) for _ in range(nsd))
+  rhs_dil = tuple(draw(st.integers(1, 2)) for _ in range(nsd))
+  lhs_dil = tuple(draw(st.sampled_from([1, 1, 2])) for _ in range(nsd))
+  pad_kind = draw(st.sampled_from(["SAME", "VALID", "SAME_LOWER", "explicit", "explicit"]))
+  if pad_kind != "explicit" and any(d != 1 for d in lhs_dil):
+    pad_kind = "explicit"
+  padding = pad_kind if pad_kind != "explicit" else tuple(
+      (draw(st.integers(-1, 3)), draw(st.integers(-1, 3))) for _ in range(nsd))
+
+  layout = draw(st.sampled_from(["native-nhwc", "native-nchw", "permuted"]))
+  if layout == "native-nhwc":
+    specs = (f"N{sp}C", f"{sp}IO", f"N{sp}C")
+  elif layout == "native-nchw":
+    specs = (f"NC{sp}", f"OI{sp}", f"NC{sp}")
+  else:
+    specs = ("".join(draw(st.permutations(f"NC{sp}"))),
+             "".join(draw(st.permutations(f"OI{sp}"))),
+             "".join(draw(st.permutations(f"NC{sp}"))))
+  sizes_lhs = dict(N=n, C=c, **dict(zip(sp, in_spatial)))
+  sizes_rhs = dict(O=k, I=c // fgc, **dict(zip(sp, filt)))
+  lhs_shape = tuple(sizes_lhs[a] for a in specs[0])
+  rhs_shape = tuple(sizes_rhs[a] for a in specs[1])
+  dtype = draw(st.sampled_from([F64, F64, F32]))
+  kwargs = dict(window_strides=strides, padding=padding, lhs_dilation=lhs_dil,
+                rhs_dilation=rhs_dil, dimension_numbers=specs, feature_group_count=fgc,
+                batch_group_count=bgc)
+  return lhs_shape, rhs_shape, dtype, kwargs
+
+
+@settings(max_examples=35, deadline=None, database=None)
+@given(problem=conv_problems(), data=st.data())
+def test_random_geometries_forward_and_gradients(problem, data):
+  lhs_shape, rhs_shape, dtype, kwargs = problem
+  ref = functools.partial(lax_conv_hi, **kwargs)
+  try:
+    y_aval = jax.eval_shape(ref, jax.ShapeDtypeStruct(lhs_shape, F64),
+                            jax.ShapeDtypeStruct(rhs_shape, F64))
+  except (ValueError, TypeError):
+    assume(False)  # not a valid lax convolution (e.g. a negative padded extent)
+  seed = data.draw(st.integers(0, 2**16), label="seed")
+  x = rand(lhs_shape, dtype, seed=seed)
+  w = rand(rhs_shape, dtype, seed=seed + 1)
+  ct = rand(y_aval.shape, dtype, seed=seed + 2)
+
+  def vjp_of(conv):
+    def f(x, w, ct):
+      y, vjp = jax.vjp(conv, x, w)
+      return (y, *vjp(ct))
+    return f
+
+  probe = vjp_of(functools.partial(jaxdnn.conv, **kwargs, algo="auto"))
+  supported = [a for a in FAMILIES if not unsupported(a, probe, x, w, ct)]
+  if LOWERING_PLATFORM == "cpu":
+    assert supported == list(FAMILIES), [unsupported(a, probe, x, w, ct) for a in FAMILIES]
+  algo = data.draw(st.sampled_from([*supported, "auto"]), label="algo")
+  note(f"lhs {lhs_shape} rhs {rhs_shape} {dtype} {kwargs} algo={algo}")
+
+  y, dx, dw = vjp_of(functools.partial(jaxdnn.conv, **kwargs, algo=algo))(x, w, ct)
+  y_ref, dx_ref, dw_ref = vjp_of(ref)(x.astype(F64), w.astype(F64), ct.astype(F64))
+  assert y.shape == y_aval.shape and y.dtype == dtype
+  assert dx.shape == x.shape and dx.dtype == dtype
+  assert dw.shape == w.shape and dw.dtype == dtype
+  tol = tolerance(dtype)
+  if dtype == F32:
+    tol *= 2  # the bound, plus the rounding of ct and of the operands' float32 sums
+  assert_close(y, y_ref, tol, "forward")
+  assert_close(dx, dx_ref, tol, "grad lhs")
+  assert_close(dw, dw_ref, tol, "grad rhs")

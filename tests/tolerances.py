@@ -1,0 +1,72 @@
+"""Relative-error bounds, ||out - ref|| / ||ref||, used by every numerical comparison.
+
+The reference is lax.conv_general_dilated at Precision.HIGHEST on the float64 casts of the very
+same (already rounded) inputs, so the bound only covers jaxdnn's arithmetic and output rounding.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax import lax
+
+F64 = np.dtype(np.float64)
+F32 = np.dtype(np.float32)
+BF16 = np.dtype(jax.numpy.bfloat16)
+F16 = np.dtype(np.float16)
+
+RTOL = {
+    F64: 1e-12,
+    F32: 1e-5,   # float32 at HIGHEST precision, or on the CPU
+    BF16: 2e-2,
+    F16: 5e-3,
+}
+TF32_RTOL = 5e-3  # float32 at DEFAULT/HIGH precision on the GPU (TF32 tensor cores allowed)
+
+
+def _is_highest(precision) -> bool:
+  if precision is None:
+    default = jax.config.jax_default_matmul_precision
+    if default is None:
+      return False
+    precision = default
+  pair = precision if isinstance(precision, (tuple, list)) else (precision, precision)
+  return all(p is not None and lax.Precision(p) == lax.Precision.HIGHEST for p in pair)
+
+
+def tolerance(in_dtype, out_dtype=None, precision=None, platform: str | None = None) -> float:
+  """Bound for a convolution of `in_dtype` operands producing `out_dtype`.
+
+  A wider result type is computed in that type (the operands are cast up exactly); float32
+  operands computed in float32 on the GPU may use TF32 unless the precision is HIGHEST.
+  """
+  if platform is None:
+    platform = jax.default_backend()
+  in_dtype = np.dtype(in_dtype)
+  out_dtype = in_dtype if out_dtype is None else np.dtype(out_dtype)
+  tol = RTOL[out_dtype]
+  compute = out_dtype if out_dtype.itemsize > in_dtype.itemsize else in_dtype
+  if compute == F32 and in_dtype == F32 and platform != "cpu" and not _is_highest(precision):
+    tol = max(tol, TF32_RTOL)
+  return tol
+
+
+def relative_error(out, ref) -> float:
+  out = np.asarray(out, dtype=np.float64)
+  ref = np.asarray(ref, dtype=np.float64)
+  ref_norm = np.linalg.norm(ref.ravel())
+  err = np.linalg.norm((out - ref).ravel())
+  if ref_norm == 0:
+    return float(err)
+  return float(err / ref_norm)
+
+
+def assert_close(out, ref, tol: float, what: str = "result") -> None:
+  out_shape, ref_shape = np.shape(out), np.shape(ref)
+  assert out_shape == ref_shape, f"{what}: shape {out_shape} != reference shape {ref_shape}"
+  out64 = np.asarray(out, dtype=np.float64)
+  assert np.all(np.isfinite(out64)), f"{what}: non-finite values"
+  if out64.size == 0:
+    return
+  err = relative_error(out64, ref)
+  assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
