@@ -2,7 +2,13 @@
 //
 // Kernels (chosen by select_direct, a function of the call alone so that the workspace size
 // known at trace time matches what runs):
-//   dw_*   NHWC depthwise (G == C), taps <= 9, unit lhs_dilation, 16-byte channel vectors
+//   dws_*  NHWC depthwise with multiplier 1 (G == C == K), C a multiple of the 16-byte vector,
+//          unit lhs_dilation: register sliding window, thread = 16 bytes of channels x a strip
+//          of TW output pixels along W. fwd: filter width S <= 7, any stride / dilation (window
+//          kernels for S = 3, 5, 7 with unit W stride and dilation, a per-tap kernel otherwise);
+//          dgrad: same kernels, all strides 1 (flipped filter); wgrad: S = 3, W dilation 1,
+//          W stride 1 or 2, T * R <= 3 (all taps in fp32 registers).
+//   dw_*   other NHWC depthwise (G == C), taps <= 9, unit lhs_dilation, 16-byte channel vectors
 //          (8 x 16-bit or 4 x f32 channels per thread; filter taps held in registers).
 //          fwd: any channel multiplier M = K/C;  dgrad: M == 1;  wgrad: any M.
 //   grp_*  NHWC, C/G and K/G multiples of 4 (ResNeXt-style groups, also dense convs), unit
@@ -520,6 +526,285 @@ __global__ void __launch_bounds__(kDwThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
+// Depthwise NHWC, channel multiplier 1 (K == C), register sliding window ("dws").
+// All three operations are written in "forward form": dst[o] = sum_f w'[f] * src[o * st - pad + f * dl]
+// per axis, with zeros outside src.
+//   fwd:   src = x (extents in),  dst = y  (extents out), w' = w.
+//   dgrad: src = dy (extents out), dst = dx (extents in), stride 1 on every axis, w' = w flipped
+//          on every axis, pad' = dl * (F - 1) - pad_lo (M == 1 makes it the same computation).
+//   wgrad: dw[f] = sum_o x[o * st - pad + f * dl] * dy[o]  (src = x, dst extents = out).
+// Thread = V consecutive channels (one 16-byte vector) x a strip of TW consecutive output pixels
+// along W of one output row (n, z, p). Threads of a block: cb channel vectors (fastest) x lanes
+// strips (consecutive strips of the flattened (n, z, p, strip) index, so neighbours share rows).
+// Each (t, r) input row visited by the strip is read once as a window of columns (16-byte
+// loads, predicated on the column bounds computed once per strip; zeros for padding) and all
+// S taps are accumulated from registers in fp32. Row bounds are tested once per row.
+struct DwsArgs {
+  int N, C;                    // batch, channels (== K)
+  int sd[3], dd[3];            // src and dst extents (D H W)
+  int F[3], st[3], dl[3], pad[3];
+  int nstrips;                 // ceil(dd[2] / TW)
+  int cb, lanes;               // channel vectors x strips per block (cb * lanes == blockDim.x)
+  bool flip;                   // read the filter flipped (dgrad)
+  bool out_f32;                // 16-bit inputs, fp32 result
+};
+
+__device__ __forceinline__ uint4 ld16u(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+// 16 raw bytes to V floats.
+__device__ __forceinline__ void cvt16(const uint4& u, float* o, float*) {
+  o[0] = __uint_as_float(u.x), o[1] = __uint_as_float(u.y);
+  o[2] = __uint_as_float(u.z), o[3] = __uint_as_float(u.w);
+}
+template <typename H>
+__device__ __forceinline__ void cvt16(const uint4& u, float* o, H*) {
+  unpack2(u.x, o, (H*)nullptr);
+  unpack2(u.y, o + 2, (H*)nullptr);
+  unpack2(u.z, o + 4, (H*)nullptr);
+  unpack2(u.w, o + 6, (H*)nullptr);
+}
+
+// Decode a flattened strip index into (n, z, p, strip).
+__device__ __forceinline__ void dws_decode(i64 sidx, const DwsArgs& a, bool small, int& n, int& z,
+                                           int& p, int& ws) {
+  if (small) {
+    unsigned v = (unsigned)sidx;
+    ws = (int)(v % (unsigned)a.nstrips); v /= (unsigned)a.nstrips;
+    p = (int)(v % (unsigned)a.dd[1]); v /= (unsigned)a.dd[1];
+    z = (int)(v % (unsigned)a.dd[0]); n = (int)(v / (unsigned)a.dd[0]);
+  } else {
+    ws = (int)(sidx % a.nstrips); sidx /= a.nstrips;
+    p = (int)(sidx % a.dd[1]); sidx /= a.dd[1];
+    z = (int)(sidx % a.dd[0]); n = (int)(sidx / a.dd[0]);
+  }
+}
+
+// Forward / stride-1 backward-data. S > 0: sliding window, filter width S, unit stride and
+// dilation along W (TW + S - 1 columns per row). S == 0: any filter width <= kDwsMaxS, stride
+// and dilation along W; each tap reads its TW columns directly (no reuse across taps).
+constexpr int kDwsMaxS = 7;
+constexpr int kDwsThreads = 256;
+
+// Two resident blocks per SM (<= 128 registers), except f32 with S = 7 (wider window).
+template <typename T, int TW, int S>
+__global__ void __launch_bounds__(kDwsThreads, (S == 7 && sizeof(T) == 4) ? 1 : 2)
+    dws_kernel(const T* __restrict__ src, const T* __restrict__ w, void* __restrict__ dst,
+               DwsArgs a) {
+  constexpr int V = Vec16<T>::V;
+  const int cv = threadIdx.x % a.cb, lane = threadIdx.x / a.cb;
+  const int vi = blockIdx.y * a.cb + cv;
+  if (vi * V >= a.C) return;  // no barriers below
+  const int c0 = vi * V;
+  const int C = a.C;
+  const i64 total = (i64)a.N * a.dd[0] * a.dd[1] * a.nstrips;
+  const bool small = total < (i64(1) << 31);
+  for (i64 sidx = (i64)blockIdx.x * a.lanes + lane; sidx < total;
+       sidx += (i64)gridDim.x * a.lanes) {
+    int n, z, p, ws;
+    dws_decode(sidx, a, small, n, z, p, ws);
+    const int q0 = ws * TW;
+    float acc[TW][V];
+#pragma unroll
+    for (int i = 0; i < TW; ++i)
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[i][j] = 0.f;
+
+    constexpr int NC = S > 0 ? TW + S - 1 : 1;
+    const int clo = q0 * a.st[2] - a.pad[2];  // source column of (pixel 0, tap 0)
+    unsigned cok = 0;                          // bit c: window column c inside the source row
+    if constexpr (S > 0) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) cok |= ((unsigned)(clo + c) < (unsigned)a.sd[2]) ? 1u << c : 0u;
+    }
+    for (int t = 0; t < a.F[0]; ++t) {
+      const int sdd = z * a.st[0] - a.pad[0] + t * a.dl[0];
+      if ((unsigned)sdd >= (unsigned)a.sd[0]) continue;
+      for (int r = 0; r < a.F[1]; ++r) {
+        const int sh = p * a.st[1] - a.pad[1] + r * a.dl[1];
+        if ((unsigned)sh >= (unsigned)a.sd[1]) continue;
+        const T* rowp = src + (((i64)n * a.sd[0] + sdd) * a.sd[1] + sh) * a.sd[2] * C + c0;
+        // filter tap (t, r, s) (or its mirror) sits at w[tap * C + c]
+        const int tr = a.flip ? (a.F[0] - 1 - t) * a.F[1] + (a.F[1] - 1 - r) : t * a.F[1] + r;
+        const T* wrow = w + (i64)tr * a.F[2] * C + c0;
+        if constexpr (S > 0) {
+          uint4 wraw[S], win[NC];
+#pragma unroll
+          for (int s = 0; s < S; ++s) wraw[s] = ld16u(wrow + (i64)(a.flip ? S - 1 - s : s) * C);
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+            win[c] = make_uint4(0u, 0u, 0u, 0u);
+            if (cok & (1u << c)) win[c] = ld16u(rowp + (i64)(clo + c) * C);
+          }
+          float wf[S][V];
+#pragma unroll
+          for (int s = 0; s < S; ++s) cvt16(wraw[s], wf[s], (T*)nullptr);
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+            float xv[V];
+            cvt16(win[c], xv, (T*)nullptr);
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+              const int i = c - s;
+              if (i >= 0 && i < TW) {
+#pragma unroll
+                for (int j = 0; j < V; ++j) acc[i][j] = fmaf(xv[j], wf[s][j], acc[i][j]);
+              }
+            }
+          }
+        } else {
+#pragma unroll 1
+          for (int s = 0; s < a.F[2]; ++s) {
+            {
+              const uint4 wraw = ld16u(wrow + (i64)(a.flip ? a.F[2] - 1 - s : s) * C);
+              const int cs = clo + s * a.dl[2];
+              uint4 xr[TW];
+#pragma unroll
+              for (int i = 0; i < TW; ++i) {
+                const int col = cs + i * a.st[2];
+                xr[i] = make_uint4(0u, 0u, 0u, 0u);
+                if ((unsigned)col < (unsigned)a.sd[2]) xr[i] = ld16u(rowp + (i64)col * C);
+              }
+              float wf[V];
+              cvt16(wraw, wf, (T*)nullptr);
+#pragma unroll
+              for (int i = 0; i < TW; ++i) {
+                float xv[V];
+                cvt16(xr[i], xv, (T*)nullptr);
+#pragma unroll
+                for (int j = 0; j < V; ++j) acc[i][j] = fmaf(xv[j], wf[j], acc[i][j]);
+              }
+            }
+          }
+        }
+      }
+    }
+    const i64 obase = ((((i64)n * a.dd[0] + z) * a.dd[1] + p) * a.dd[2] + q0) * C + c0;
+#pragma unroll
+    for (int i = 0; i < TW; ++i) {
+      if (q0 + i < a.dd[2])
+        store_vec<V>(out_ptr<T>(dst, obase + (i64)i * C, a.out_f32), acc[i], a.out_f32);
+    }
+  }
+}
+
+// Backward-filter partials, filter width 3 along W with unit dilation and W stride ST, at most
+// kDwsWgradRows (t, r) filter rows. Thread = V channels x all taps (fp32 accumulators) over the
+// strips lane, lane + lanes, ... of its block's slice; dy of the strip is read once, each x row
+// once as a window of (TW - 1) * ST + 3 columns. Block-level fixed-order reduction over lanes,
+// then one partial filter per (slice, channel chunk) in the workspace (colsum_kernel adds them).
+constexpr int kDwsWgradRows = 3;
+// 9 * V fp32 accumulators: 128-thread blocks, 3 resident per SM (<= 168 registers, no spills).
+constexpr int kDwsWgThreads = 128;
+
+template <typename T, int TW, int ST>
+__global__ void __launch_bounds__(kDwsWgThreads, 3)
+    dws_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ part,
+                     DwsArgs a, i64 strips_per_slice) {
+  constexpr int V = Vec16<T>::V;
+  constexpr int S = 3;
+  constexpr int NC = (TW - 1) * ST + S;
+  constexpr int RM = kDwsWgradRows;
+  __shared__ float red[kDwsWgThreads * V];
+  const int cv = threadIdx.x % a.cb, lane = threadIdx.x / a.cb;
+  const int vi = blockIdx.y * a.cb + cv;
+  const i64 slice = blockIdx.x;
+  const int C = a.C;
+  const int c0 = vi * V;
+  const bool active = c0 < C;
+  const int nrows = a.F[0] * a.F[1];
+  float acc[RM][S][V];
+#pragma unroll
+  for (int rr = 0; rr < RM; ++rr)
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[rr][s][j] = 0.f;
+  if (active) {
+    const i64 total = (i64)a.N * a.dd[0] * a.dd[1] * a.nstrips;
+    const bool small = total < (i64(1) << 31);
+    const i64 s1 = min(total, (slice + 1) * strips_per_slice);
+    for (i64 sidx = slice * strips_per_slice + lane; sidx < s1; sidx += a.lanes) {
+      int n, z, p, ws;
+      dws_decode(sidx, a, small, n, z, p, ws);
+      const int q0 = ws * TW;
+      const int nq = min(TW, a.dd[2] - q0);  // pixels of the strip inside the row
+      float dv[TW][V];
+      {
+        const T* yp = dy + ((((i64)n * a.dd[0] + z) * a.dd[1] + p) * a.dd[2] + q0) * C + c0;
+        uint4 yr[TW];
+#pragma unroll
+        for (int i = 0; i < TW; ++i) {
+          yr[i] = make_uint4(0u, 0u, 0u, 0u);
+          if (q0 + i < a.dd[2]) yr[i] = ld16u(yp + (i64)i * C);
+        }
+#pragma unroll
+        for (int i = 0; i < TW; ++i) cvt16(yr[i], dv[i], (T*)nullptr);
+      }
+      const int clo = q0 * ST - a.pad[2];
+      unsigned cok = 0;  // bit c: window column c inside the input row
+#pragma unroll
+      for (int c = 0; c < NC; ++c) cok |= ((unsigned)(clo + c) < (unsigned)a.sd[2]) ? 1u << c : 0u;
+#pragma unroll
+      for (int rr = 0; rr < RM; ++rr) {
+        if (rr < nrows) {
+          const int t = rr / a.F[1], r = rr - t * a.F[1];
+          const int id = z * a.st[0] - a.pad[0] + t * a.dl[0];
+          const int ih = p * a.st[1] - a.pad[1] + r * a.dl[1];
+          if ((unsigned)id < (unsigned)a.sd[0] && (unsigned)ih < (unsigned)a.sd[1]) {
+            const T* rowp = x + (((i64)n * a.sd[0] + id) * a.sd[1] + ih) * a.sd[2] * C + c0;
+            uint4 win[NC];
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+              win[c] = make_uint4(0u, 0u, 0u, 0u);
+              if (cok & (1u << c)) win[c] = ld16u(rowp + (i64)(clo + c) * C);
+            }
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+              float xv[V];
+              cvt16(win[c], xv, (T*)nullptr);
+#pragma unroll
+              for (int s = 0; s < S; ++s) {
+                if ((c - s) >= 0 && (c - s) % ST == 0 && (c - s) / ST < TW) {
+                  const int i = (c - s) / ST;
+                  // pixels past the row end do not exist: skip them (not 0 * x, x may be inf)
+                  if (i > 0 && i >= nq) continue;
+#pragma unroll
+                  for (int j = 0; j < V; ++j) acc[rr][s][j] = fmaf(xv[j], dv[i][j], acc[rr][s][j]);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // Fixed-order reduction over the lanes of the block, one tap at a time.
+  const int row = a.cb * V;  // floats per lane in `red`
+  float* out = part + slice * ((i64)nrows * S * C);
+#pragma unroll
+  for (int rr = 0; rr < RM; ++rr) {
+    if (rr < nrows) {  // uniform over the block
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) red[lane * row + cv * V + j] = acc[rr][s][j];
+        __syncthreads();
+        for (int e = threadIdx.x; e < row; e += blockDim.x) {
+          const int ch = blockIdx.y * row + e;
+          if (ch < C) {
+            float v = 0.f;
+            for (int l = 0; l < a.lanes; ++l) v += red[l * row + e];
+            out[(i64)(rr * S + s) * C + ch] = v;
+          }
+        }
+        __syncthreads();
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Grouped / dense NHWC forward and backward-data with 4-channel vectors: C/G and K/G are
 // multiples of 4. Thread = 4 destination channels of one group x kPx pixels along W.
 //   fwd: dst pixels (z, p, q0 + i); reduction over the group's input channels, 4 at a time.
@@ -712,7 +997,7 @@ __global__ void __launch_bounds__(128)
 
 // ---------------------------------------------------------------------------------------------
 // Host side.
-enum class Kern { kNone, kDw, kGrp, kGen };
+enum class Kern { kNone, kDws, kDw, kGrp, kGen };
 
 constexpr int kWgradTargetThreads = 132 * 1024;  // about one wave of resident threads on H200
 constexpr int kMaxSlices = 4096;
@@ -736,10 +1021,57 @@ Geo make_geo(const ConvProblem& p) {
   return g;
 }
 
+// Strip widths (output pixels along W per thread) of the dws kernels: TW * V = 32 fp32
+// accumulators per thread for forward / backward-data; wgrad holds 9 * V accumulators plus the
+// converted dy of its strip.
+constexpr int kDwsTw16 = 4, kDwsTw32 = 8;            // fwd / dgrad, 16-bit and f32
+constexpr int kDwsWgTw16 = 2, kDwsWgTw32 = 4;        // wgrad
+constexpr int kDwsMaxChunks = 65535;                 // gridDim.y
+
+int dws_tw(const CudaConvCall& c) {
+  const bool f32 = c.in == DType::kF32;
+  if (c.op == ConvOp::kBackwardFilter) return f32 ? kDwsWgTw32 : kDwsWgTw16;
+  return f32 ? kDwsTw32 : kDwsTw16;
+}
+
+// Block shape of the dws kernels: cb channel vectors x lanes strips (cb * lanes <= threads),
+// nchunks channel chunks.
+void dws_shape(int64_t nvec, int threads, int* cb, int* lanes, int64_t* nchunks) {
+  *nchunks = (nvec + 63) / 64;
+  *cb = (int)((nvec + *nchunks - 1) / *nchunks);  // <= 64
+  *lanes = threads / *cb;
+}
+int dws_threads(const CudaConvCall& c) {
+  return c.op == ConvOp::kBackwardFilter ? kDwsWgThreads : kDwsThreads;
+}
+
+// Does the dws family (depthwise, multiplier 1) take this call? A function of the call alone.
+bool dws_supported(const CudaConvCall& c) {
+  const ConvProblem& p = c.problem;
+  const int V = vec16(c.in);
+  if (!(p.G == p.C && p.K == p.C && p.C % V == 0)) return false;
+  if ((p.C / V + 63) / 64 > kDwsMaxChunks) return false;
+  // column arithmetic of the last strip (up to 8 pixels past the row end) stays in int
+  if (!fits_int((p.out[2] + p.in[2] + 8) * p.stride[2] + p.dilation[2] * p.filt[2] +
+                std::abs(p.pad_lo[2])))
+    return false;
+  switch (c.op) {
+    case ConvOp::kForward:
+      return p.filt[2] <= kDwsMaxS;
+    case ConvOp::kBackwardData:
+      return p.filt[2] <= kDwsMaxS && p.stride[0] == 1 && p.stride[1] == 1 && p.stride[2] == 1;
+    case ConvOp::kBackwardFilter:
+      return p.filt[2] == 3 && p.dilation[2] == 1 && (p.stride[2] == 1 || p.stride[2] == 2) &&
+             p.filt[0] * p.filt[1] <= kDwsWgradRows;
+  }
+  return false;
+}
+
 Kern select_direct(const CudaConvCall& c) {
   const ConvProblem& p = c.problem;
   if (c.in == DType::kF64 || p.layout != Layout::kNHWC || !p.unit_lhs_dilation())
     return Kern::kGen;
+  if (dws_supported(c)) return Kern::kDws;
   const int V = vec16(c.in);
   if (p.G == p.C && p.filt_taps() <= kMaxDwTaps && p.K % V == 0 &&
       (c.op != ConvOp::kBackwardData || p.K == p.C))
@@ -757,7 +1089,7 @@ void dw_shape(int nvec, int* cb, int* lanes, int* nchunks) {
 
 struct WgradPlan {
   int slices = 0;
-  int64_t pix_per_slice = 0;
+  int64_t pix_per_slice = 0;  // output pixels per slice (dws: strips per slice)
   size_t bytes = 0;
 };
 
@@ -767,7 +1099,22 @@ WgradPlan wgrad_plan(const CudaConvCall& c, Kern k) {
   const int64_t npix = p.N * p.out_pixels();
   if (npix <= 0) return w;
   int64_t slices;
-  if (k == Kern::kDw) {
+  if (k == Kern::kDws) {
+    // Slices of the flattened (n, z, p, strip) index: ~792 blocks in all (two waves of 3
+    // resident 128-thread blocks per SM on H200's 132 SMs), and at least ~2 strips per lane.
+    int cb, lanes;
+    int64_t nchunks;
+    dws_shape(p.C / vec16(c.in), dws_threads(c), &cb, &lanes, &nchunks);
+    const int tw = dws_tw(c);
+    const int64_t strips = p.N * p.out[0] * p.out[1] * ((p.out[2] + tw - 1) / tw);
+    slices = std::max<int64_t>(1, 792 / nchunks);
+    slices = std::min<int64_t>(slices, (strips + 2 * lanes - 1) / (2 * lanes));
+    slices = std::max<int64_t>(1, std::min<int64_t>(slices, kMaxSlices));
+    w.pix_per_slice = (strips + slices - 1) / slices;  // strips per slice
+    w.slices = (int)((strips + w.pix_per_slice - 1) / w.pix_per_slice);
+    w.bytes = (size_t)w.slices * (size_t)p.w_elems() * 4;
+    return w;
+  } else if (k == Kern::kDw) {
     int cb, lanes, nchunks;
     dw_shape((int)(p.K / vec16(c.in)), &cb, &lanes, &nchunks);
     slices = std::max<int64_t>(1, 528 / nchunks);  // ~2 waves of 2 blocks per SM on H200
@@ -783,6 +1130,27 @@ WgradPlan wgrad_plan(const CudaConvCall& c, Kern k) {
   const size_t acc = c.in == DType::kF64 ? 8 : 4;
   w.bytes = (size_t)w.slices * (size_t)p.w_elems() * acc;
   return w;
+}
+
+// Kernel arguments of the dws family in forward form (see DwsArgs).
+DwsArgs dws_args(const CudaConvCall& c, int tw, int64_t* nchunks) {
+  const ConvProblem& p = c.problem;
+  const bool bwd = c.op == ConvOp::kBackwardData;
+  DwsArgs a{};
+  a.N = (int)p.N, a.C = (int)p.C;
+  for (int i = 0; i < 3; ++i) {
+    a.sd[i] = (int)(bwd ? p.out[i] : p.in[i]);
+    a.dd[i] = (int)(bwd ? p.in[i] : p.out[i]);
+    a.F[i] = (int)p.filt[i];
+    a.dl[i] = (int)p.dilation[i];
+    a.st[i] = bwd ? 1 : (int)p.stride[i];
+    a.pad[i] = (int)(bwd ? p.dilation[i] * (p.filt[i] - 1) - p.pad_lo[i] : p.pad_lo[i]);
+  }
+  a.nstrips = (a.dd[2] + tw - 1) / tw;
+  dws_shape(p.C / vec16(c.in), dws_threads(c), &a.cb, &a.lanes, nchunks);
+  a.flip = bwd;
+  a.out_f32 = c.out == DType::kF32 && c.in != DType::kF32;
+  return a;
 }
 
 std::string launch_check(const char* what) {
@@ -821,7 +1189,20 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io, Kern ker
     if (io.workspace_size < plan.bytes || (plan.bytes && io.workspace == nullptr))
       return "workspace too small for DIRECT backward-filter";
     Acc* part = static_cast<Acc*>(io.workspace);
-    if (kern == Kern::kDw) {
+    if (kern == Kern::kDws) {
+      if constexpr (!std::is_same_v<T, double>) {
+        constexpr int TW = std::is_same_v<T, float> ? kDwsWgTw32 : kDwsWgTw16;
+        int64_t nchunks;
+        const DwsArgs da = dws_args(c, TW, &nchunks);
+        dim3 grid((unsigned)plan.slices, (unsigned)nchunks);
+        if (p.stride[2] == 1)
+          dws_wgrad_kernel<T, TW, 1><<<grid, da.cb * da.lanes, 0, st>>>(a, b, part, da,
+                                                                       plan.pix_per_slice);
+        else
+          dws_wgrad_kernel<T, TW, 2><<<grid, da.cb * da.lanes, 0, st>>>(a, b, part, da,
+                                                                       plan.pix_per_slice);
+      }
+    } else if (kern == Kern::kDw) {
       if constexpr (!std::is_same_v<T, double>) {
         int cb, lanes, nchunks;
         dw_shape(g.K / Vec16<T>::V, &cb, &lanes, &nchunks);
@@ -857,7 +1238,26 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io, Kern ker
     if (e != cudaSuccess) return std::string("CUDA error in memset: ") + cudaGetErrorString(e);
     return "";
   }
-  if (kern == Kern::kDw) {
+  if (kern == Kern::kDws) {
+    if constexpr (!std::is_same_v<T, double>) {
+      constexpr int TW = std::is_same_v<T, float> ? kDwsTw32 : kDwsTw16;
+      int64_t nchunks;
+      const DwsArgs da = dws_args(c, TW, &nchunks);
+      const int64_t total = (int64_t)da.N * da.dd[0] * da.dd[1] * da.nstrips;
+      const int64_t sblocks = std::min<int64_t>((total + da.lanes - 1) / da.lanes, 1 << 24);
+      dim3 grid((unsigned)sblocks, (unsigned)nchunks);
+      const int threads = da.cb * da.lanes;
+      const bool slide = p.stride[2] == 1 && p.dilation[2] == 1;  // dgrad: stride 1 always
+      if (slide && p.filt[2] == 3)
+        dws_kernel<T, TW, 3><<<grid, threads, 0, st>>>(a, b, io.out, da);
+      else if (slide && p.filt[2] == 5)
+        dws_kernel<T, TW, 5><<<grid, threads, 0, st>>>(a, b, io.out, da);
+      else if (slide && p.filt[2] == 7)
+        dws_kernel<T, TW, 7><<<grid, threads, 0, st>>>(a, b, io.out, da);
+      else
+        dws_kernel<T, TW, 0><<<grid, threads, 0, st>>>(a, b, io.out, da);
+    }
+  } else if (kern == Kern::kDw) {
     if constexpr (!std::is_same_v<T, double>) {
       constexpr int V = Vec16<T>::V;
       const int dch = bwd ? g.C : g.K;

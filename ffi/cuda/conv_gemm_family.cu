@@ -25,6 +25,10 @@
 //   GEMM:                   explicit im2col into the workspace (fwd, wgrad) then the same kernel on
 //                           the equivalent 1x1 problem; dgrad = 1x1 dgrad into a column buffer
 //                           (fp32/f64) followed by a deterministic col2im gather.
+// Epilogue (tensor-core paths): when the output's column dimension is dense (NHWC y/dx, DHWIO dw,
+// split-K partials) the fp32 tile is staged through shared memory (over the drained pipeline
+// buffers) and written with coalesced 16-byte stores; otherwise (NCHW/OIDHW outputs) and for the
+// SIMT paths, fragments are stored directly.
 // Split-K (any op, chosen from the problem shape only): fp32/f64 partials in the workspace, then a
 // fixed-order reduction kernel: every result is deterministic (no atomics).
 //
@@ -295,6 +299,19 @@ __device__ __forceinline__ void st2(void* out, long long off, int dt, Acc v0, Ac
   }
 }
 
+__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);  // a -> low half (lower address)
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ uint32_t pack_f16x2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+
 // Output element offset = row_off(m) + col * col_stride (final results).
 template <int OP>
 __device__ __forceinline__ long long out_row_off(const Params& p, const Geo& g, int m) {
@@ -456,8 +473,10 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
   }
 
   // ---- per-thread loader state
-  // fwd/dgrad A: rows m (fixed), column kk state
-  long long aN[C::CH_A];
+  // fwd/dgrad A: rows m (fixed), column kk state. The source offset of (row, tap, channel) is
+  // linear: aRow[i] (row base: image + base pixel, hoisted out of the k-loop) + tap offset (per
+  // issue, shared by all rows) + channel offset; aB only serves the bounds checks.
+  long long aRow[C::CH_A];
   int aB[C::CH_A][3];
   KTap aK;  // fwd/dgrad A column
   // wgrad A: column m chunk fixed; rows kk
@@ -481,23 +500,24 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
           const int pp = r % p.P; r /= p.P;
           const int zz = r % p.Z;
           const int n = r / p.Z;
-          aN[i] = n * sN;
           aB[i][0] = zz * p.str[0] - p.pad[0];
           aB[i][1] = pp * p.str[1] - p.pad[1];
           aB[i][2] = q * p.str[2] - p.pad[2];
+          aRow[i] = n * sN +
+                    ((static_cast<long long>(aB[i][0]) * sH + aB[i][1]) * sW + aB[i][2]) * sPix;
         } else {
           int r = m;
           const int iw = r % geo.pdim[2]; r /= geo.pdim[2];
           const int ih = r % geo.pdim[1]; r /= geo.pdim[1];
           const int id = r % geo.pdim[0];
           const int n = r / geo.pdim[0];
-          aN[i] = n * sN;
           aB[i][0] = id;
           aB[i][1] = ih;
           aB[i][2] = iw;
+          aRow[i] = n * sN + ((static_cast<long long>(id) * sH + ih) * sW + iw) * sPix;
         }
       } else {
-        aN[i] = 0;
+        aRow[i] = 0;
         aB[i][0] = INT_MIN / 2;  // fails every bounds check
         aB[i][1] = 0;
         aB[i][2] = 0;
@@ -555,14 +575,15 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
       const bool tv = aK.j < geo.ntap;
       const int4 e = tv ? entry(aK.j) : make_int4(0, 0, 0, 0);
       if (vecA) {
+        // offset shared by all rows of this issue: tap displacement + channel
+        const long long toff =
+            ((static_cast<long long>(e.x) * sH + e.y) * sW + e.z) * sPix + (chA + aK.ch) * sC;
 #pragma unroll
         for (int i = 0; i < C::CH_A; ++i) {
           const int c0 = aB[i][0] + e.x, c1 = aB[i][1] + e.y, c2 = aB[i][2] + e.z;
           const bool v = tv && in3(c0, c1, c2, sD, sH, sW);
-          const long long off =
-              v ? aN[i] + (chA + aK.ch) * sC + ((static_cast<long long>(c0) * sH + c1) * sW + c2) * sPix
-                : 0;
-          cp_async16(As + (r0A + i * C::RS_A) * C::LDA + ccA * VEC, ga + off, v);
+          cp_async16(As + (r0A + i * C::RS_A) * C::LDA + ccA * VEC, ga + (v ? aRow[i] + toff : 0),
+                     v);
         }
       } else {
         U vals[C::CH_A][VEC];
@@ -571,13 +592,13 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
         for (int q = 0; q < VEC; ++q) {
           const bool tq = j < geo.ntap;
           const int4 ee = tq ? entry(j) : make_int4(0, 0, 0, 0);
-          const long long coff = (chA + ch) * sC;
+          const long long coff =
+              (chA + ch) * sC + ((static_cast<long long>(ee.x) * sH + ee.y) * sW + ee.z) * sPix;
 #pragma unroll
           for (int i = 0; i < C::CH_A; ++i) {
             const int c0 = aB[i][0] + ee.x, c1 = aB[i][1] + ee.y, c2 = aB[i][2] + ee.z;
             U v = 0;
-            if (tq && in3(c0, c1, c2, sD, sH, sW))
-              v = ua[aN[i] + coff + ((static_cast<long long>(c0) * sH + c1) * sW + c2) * sPix];
+            if (tq && in3(c0, c1, c2, sD, sH, sW)) v = ua[aRow[i] + coff];
             vals[i][q] = v;
           }
           if (++ch == credA) { ch = 0; ++j; }
@@ -636,6 +657,7 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
       // w as [BK][BN]: rows kk = (tap j, channel c), column chunk k = n0..
       const int n0 = n_base + ccB * VEC;
       const long long kb = static_cast<long long>(g) * p.Kg;
+      const long long bcol = (kb + n0) * p.wsK;
 #pragma unroll
       for (int i = 0; i < C::CH_B; ++i) {
         const KTap& k = bK[i];
@@ -643,8 +665,7 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
         const long long rowoff = tv ? k.ch * p.wsC + entry(k.j).w : 0;
         if (vecB) {
           const bool v = tv && n0 < p.Kg;
-          cp_async16(Bs + (r0B + i * C::RS_B) * C::LDB + ccB * VEC,
-                     gb + (v ? rowoff + (kb + n0) * p.wsK : 0), v);
+          cp_async16(Bs + (r0B + i * C::RS_B) * C::LDB + ccB * VEC, gb + (v ? rowoff + bcol : 0), v);
         } else {
           U vals[VEC];
 #pragma unroll
@@ -877,6 +898,82 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
     return part ? (pbase + m) * p.Ng : out_row_off<OP>(p, geo, m);
   };
   if constexpr (MMA) {
+    if (cstr == 1) {
+      // Shared-memory-staged epilogue (dense output columns: NHWC y/dx, DHWIO dw, split-K
+      // partials). The fp32 fragments go to a padded [BM][LDC] fp32 tile that overlays the
+      // (drained) pipeline buffers; then each thread converts 8 consecutive columns of one row and
+      // writes them with 16-byte stores, a warp covering whole rows of the tile (coalesced).
+      // Values and rounding are those of the direct path (results bit-identical).
+      constexpr int LDC = BN + 8;  // LDC % 32 == 8: conflict-free float2 fragment stores
+      static_assert(size_t(BM) * LDC * sizeof(float) <= C::SMEM_PIPE, "C tile must fit the pipeline");
+      static_assert(BN % 8 == 0 && kNT % (BN / 8) == 0 && BM % (kNT / (BN / 8)) == 0, "C tile map");
+      float* Cs = reinterpret_cast<float*>(smem_raw);
+      __syncthreads();  // every warp is done with the pipeline buffers (all cp.async drained above)
+      {
+        const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float* row = Cs + (warp_m * 64 + i * 16 + gq + h * 8) * LDC + warp_n * WN + tq * 2;
+#pragma unroll
+            for (int j = 0; j < AN; ++j)
+              *reinterpret_cast<float2*>(row + j * 8) =
+                  make_float2(accf[i][j][h * 2], accf[i][j][h * 2 + 1]);
+          }
+      }
+      __syncthreads();
+      constexpr int CPR = BN / 8;     // 8-column chunks per row
+      constexpr int RPP = kNT / CPR;  // rows per pass
+      const int cc = tid % CPR, rr = tid / CPR;
+      const int sw = (cc >> 2) & 1;  // read the two halves in swapped order: no bank conflicts
+      const int n0 = n_base + cc * 8;
+      // 16-byte stores need an aligned base, 8 columns in range and an aligned element offset
+      // (checked per chunk: row pitches need not be multiples of 8).
+      const bool vec_ok = (reinterpret_cast<uintptr_t>(outp) & 15) == 0 && n0 + 8 <= ncols &&
+                          odt != DT_F64;
+      const long long amask = odt == DT_F32 ? 3 : 7;
+      if (n0 < ncols) {
+#pragma unroll 2
+        for (int ps = 0; ps < BM / RPP; ++ps) {
+          const int r = rr + ps * RPP;
+          const int m = m_base + r;
+          if (m >= geo.Mph) break;  // rows increase with ps
+          const float* src = Cs + r * LDC + cc * 8;
+          const float4 u0 = *reinterpret_cast<const float4*>(src + sw * 4);
+          const float4 u1 = *reinterpret_cast<const float4*>(src + (sw ^ 1) * 4);
+          const float4 lo = sw ? u1 : u0, hi = sw ? u0 : u1;
+          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          const long long off = rowoff(m) + cbase + n0;
+          if (vec_ok && (off & amask) == 0) {
+            if (odt == DT_F32) {
+              float4* d = reinterpret_cast<float4*>(static_cast<float*>(outp) + off);
+              d[0] = lo;
+              d[1] = hi;
+            } else {
+              uint4 pk;
+              if (odt == DT_BF16) {
+                pk.x = pack_bf16x2(v[0], v[1]);
+                pk.y = pack_bf16x2(v[2], v[3]);
+                pk.z = pack_bf16x2(v[4], v[5]);
+                pk.w = pack_bf16x2(v[6], v[7]);
+              } else {
+                pk.x = pack_f16x2(v[0], v[1]);
+                pk.y = pack_f16x2(v[2], v[3]);
+                pk.z = pack_f16x2(v[4], v[5]);
+                pk.w = pack_f16x2(v[6], v[7]);
+              }
+              *reinterpret_cast<uint4*>(static_cast<unsigned short*>(outp) + off) = pk;
+            }
+          } else {
+#pragma unroll
+            for (int q = 0; q < 8; ++q)
+              if (n0 + q < ncols) st1<float>(outp, off + q, odt, v[q]);
+          }
+        }
+      }
+      return;
+    }
     const int gq = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
