@@ -40,31 +40,10 @@ size_t col_bytes(const ConvProblem& p, size_t elem_bytes) {
   return (b + 63) / 64 * 64;
 }
 
-struct Geo {
-  bool nhwc;
-  int64_t G, Cg, Kg, TRS, KK, opix, ipix, M;
-  ActStrides xs, ys;
-  explicit Geo(const ConvProblem& p) {
-    nhwc = p.layout == Layout::kNHWC;
-    G = p.G;
-    Cg = p.Cg();
-    Kg = p.Kg();
-    TRS = p.filt_taps();
-    KK = TRS * Cg;
-    opix = p.out_pixels();
-    ipix = p.in_pixels();
-    M = p.N * opix;
-    xs = act_strides(nhwc, p.C, p.in);
-    ys = act_strides(nhwc, p.K, p.out);
-  }
-  // Flattened pixel axes (m = n * npix + pixel) of x and y.
-  GemmAxis xpix() const { return nhwc ? gemm_axis(xs.pix) : gemm_axis2(ipix, xs.n, 1); }
-  GemmAxis ypix() const { return nhwc ? gemm_axis(ys.pix) : gemm_axis2(opix, ys.n, 1); }
-};
 
 // im2col of output pixels [m0, m1) into col[(m - m0)][g][kk].
 template <typename T>
-void im2col(const ConvProblem& p, const Geo& g, const T* x, int64_t m0, int64_t m1, T* col) {
+void im2col(const ConvProblem& p, const ConvGemmDims& g, const T* x, int64_t m0, int64_t m1, T* col) {
   const int64_t GKK = g.G * g.KK;
   parallel_for(
       m1 - m0,
@@ -89,20 +68,9 @@ void im2col(const ConvProblem& p, const Geo& g, const T* x, int64_t m0, int64_t 
       16);
 }
 
-// Weight views. w(kk, k) for group gg (forward / backward-filter orientation).
-template <typename T>
-struct WView {
-  const T* p;
-  GemmAxis kk, k;
-};
-template <typename T>
-WView<T> weight_kk_k(const Geo& g, const T* w, int64_t gg) {
-  if (g.nhwc) return {w + gg * g.Kg, gemm_axis(g.G * g.Kg), gemm_axis(1)};
-  return {w + gg * g.Kg * g.KK, gemm_axis(1), gemm_axis(g.KK)};
-}
 
 template <typename T>
-void forward(const ConvProblem& p, const Geo& g, const ConvOperands<T>& io) {
+void forward(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io) {
   const T* x = io.a;
   const T* w = io.b;
   T* y = io.out;
@@ -138,7 +106,7 @@ void forward(const ConvProblem& p, const Geo& g, const ConvOperands<T>& io) {
 
 // dx[n, i, g, c] += sum over (tap, o) with o reading i: col[(m(n, o) - m0)][g][kk(tap, c)].
 template <typename T>
-void col2im(const ConvProblem& p, const Geo& g, const T* col, int64_t m0, int64_t m1, T* dx) {
+void col2im(const ConvProblem& p, const ConvGemmDims& g, const T* col, int64_t m0, int64_t m1, T* dx) {
   const int64_t n0 = m0 / g.opix, n1 = (m1 - 1) / g.opix + 1;
   const int64_t GKK = g.G * g.KK;
   const int64_t R = p.filt[1], S = p.filt[2];
@@ -193,7 +161,7 @@ void col2im(const ConvProblem& p, const Geo& g, const T* col, int64_t m0, int64_
 }
 
 template <typename T>
-void backward_data(const ConvProblem& p, const Geo& g, const ConvOperands<T>& io) {
+void backward_data(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io) {
   const T* dy = io.a;
   const T* w = io.b;
   T* dx = io.out;
@@ -240,7 +208,7 @@ void backward_data(const ConvProblem& p, const Geo& g, const ConvOperands<T>& io
 }
 
 template <typename T>
-void backward_filter(const ConvProblem& p, const Geo& g, const ConvOperands<T>& io) {
+void backward_filter(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io) {
   const T* x = io.a;
   const T* dy = io.b;
   T* dw = io.out;
@@ -322,7 +290,7 @@ size_t gemm_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes) 
 
 template <typename T>
 void gemm_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
-  const Geo g(p);
+  const ConvGemmDims g(p);
   switch (op) {
     case ConvOp::kForward: forward<T>(p, g, io); break;
     case ConvOp::kBackwardData: backward_data<T>(p, g, io); break;

@@ -23,25 +23,6 @@
 namespace jaxdnn::cpu {
 namespace {
 
-struct Geo {
-  bool nhwc;
-  int64_t G, Cg, Kg, TRS, KK, opix, ipix, M;
-  ActStrides xs, ys;
-  explicit Geo(const ConvProblem& p) {
-    nhwc = p.layout == Layout::kNHWC;
-    G = p.G;
-    Cg = p.Cg();
-    Kg = p.Kg();
-    TRS = p.filt_taps();
-    KK = TRS * Cg;
-    opix = p.out_pixels();
-    ipix = p.in_pixels();
-    M = p.N * opix;
-    xs = act_strides(nhwc, p.C, p.in);
-    ys = act_strides(nhwc, p.K, p.out);
-  }
-  GemmAxis ypix() const { return nhwc ? gemm_axis(ys.pix) : gemm_axis2(opix, ys.n, 1); }
-};
 
 int64_t* tls_offsets(size_t n) {
   thread_local std::vector<int64_t> buf;
@@ -50,7 +31,7 @@ int64_t* tls_offsets(size_t n) {
 }
 
 // Builds table[pix * TRS + tap] for all output pixels.
-void build_fwd_table(const ConvProblem& p, const Geo& g, int64_t* table) {
+void build_fwd_table(const ConvProblem& p, const ConvGemmDims& g, int64_t* table) {
   parallel_for(
       g.opix,
       [&](int64_t b, int64_t e) {
@@ -67,19 +48,9 @@ size_t fwd_table_elems(const ConvProblem& p) {
   return static_cast<size_t>(p.out_pixels()) * static_cast<size_t>(p.filt_taps());
 }
 
-template <typename T>
-struct WView {
-  const T* p;
-  GemmAxis kk, k;
-};
-template <typename T>
-WView<T> weight_kk_k(const Geo& g, const T* w, int64_t gg) {
-  if (g.nhwc) return {w + gg * g.Kg, gemm_axis(g.G * g.Kg), gemm_axis(1)};
-  return {w + gg * g.Kg * g.KK, gemm_axis(1), gemm_axis(g.KK)};
-}
 
 template <typename T>
-void forward(const ConvProblem& p, const Geo& g, const ConvOperands<T>& io, bool pre) {
+void forward(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io, bool pre) {
   const T* x = io.a;
   const T* w = io.b;
   T* y = io.out;
@@ -141,7 +112,7 @@ size_t wgrad_tmp_offset(const ConvProblem& p, bool pre) {
 }
 
 template <typename T>
-void backward_filter(const ConvProblem& p, const Geo& g, const ConvOperands<T>& io, bool pre) {
+void backward_filter(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io, bool pre) {
   const T* x = io.a;
   const T* dy = io.b;
   T* dw = io.out;
@@ -297,7 +268,7 @@ size_t dgrad_table_elems(const ConvProblem& p) {
 }
 
 template <typename T>
-void backward_data(const ConvProblem& p, const Geo& g, const ConvOperands<T>& io, bool pre) {
+void backward_data(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io, bool pre) {
   const T* dy = io.a;
   const T* w = io.b;
   T* dx = io.out;
@@ -426,7 +397,7 @@ size_t implicit_gemm_workspace_bytes(ConvOp op, const ConvProblem& p, size_t ele
 template <typename T>
 void implicit_gemm_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io,
                         bool precomputed) {
-  const Geo g(p);
+  const ConvGemmDims g(p);
   switch (op) {
     case ConvOp::kForward: forward<T>(p, g, io, precomputed); break;
     case ConvOp::kBackwardData: backward_data<T>(p, g, io, precomputed); break;

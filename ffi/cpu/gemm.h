@@ -413,6 +413,42 @@ inline bool conv_is_pointwise(const ConvProblem& p) {
   return true;
 }
 
+// The GEMM view of a convolution shared by the GEMM and implicit-GEMM families: per-group
+// sizes (reduction KK = taps * Cg, M = N * output pixels) and activation strides.
+struct ConvGemmDims {
+  bool nhwc;
+  int64_t G, Cg, Kg, TRS, KK, opix, ipix, M;
+  ActStrides xs, ys;
+  explicit ConvGemmDims(const ConvProblem& p) {
+    nhwc = p.layout == Layout::kNHWC;
+    G = p.G;
+    Cg = p.Cg();
+    Kg = p.Kg();
+    TRS = p.filt_taps();
+    KK = TRS * Cg;
+    opix = p.out_pixels();
+    ipix = p.in_pixels();
+    M = p.N * opix;
+    xs = act_strides(nhwc, p.C, p.in);
+    ys = act_strides(nhwc, p.K, p.out);
+  }
+  // Flattened pixel axes (m = n * npix + pixel) of x and y.
+  GemmAxis xpix() const { return nhwc ? gemm_axis(xs.pix) : gemm_axis2(ipix, xs.n, 1); }
+  GemmAxis ypix() const { return nhwc ? gemm_axis(ys.pix) : gemm_axis2(opix, ys.n, 1); }
+};
+
+// Weight views. w(kk, k) for group gg (forward / backward-filter orientation).
+template <typename T>
+struct WView {
+  const T* p;
+  GemmAxis kk, k;
+};
+template <typename T>
+WView<T> weight_kk_k(const ConvGemmDims& g, const T* w, int64_t gg) {
+  if (g.nhwc) return {w + gg * g.Kg, gemm_axis(g.G * g.Kg), gemm_axis(1)};
+  return {w + gg * g.Kg * g.KK, gemm_axis(1), gemm_axis(g.KK)};
+}
+
 }  // namespace jaxdnn::cpu
 
 #endif  // JAXDNN_CPU_GEMM_H_

@@ -119,22 +119,40 @@ def workspace_bytes(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeo
                                                  out_channels, in_dtype, out_dtype, precision)))
 
 
-def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, channels: int,
-                     out_channels: int) -> list[ConvAlgo]:
-  """Families in order of preference for `auto` (the first supported one wins)."""
+def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: int,
+                     channels: int, out_channels: int) -> list[ConvAlgo]:
+  """Families in order of preference for `auto` (the first supported one wins).
+
+  Tuned on the measured tables in benchmarks/results/ (CPU: the 2-core AVX-512 machine; GPU: H200).
+  """
   cg = channels // geometry.groups
   kg = out_channels // geometry.groups
-  reduction = cg * int(np.prod(geometry.filter_spatial))
+  taps = int(np.prod(geometry.filter_spatial))
   small_groups = geometry.groups > 1 and cg * kg <= 64  # depthwise, ResNeXt-style groups
+  gemm_first = [ConvAlgo.GEMM, ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.IMPLICIT_GEMM,
+                ConvAlgo.DIRECT]
+  direct_first = [ConvAlgo.DIRECT, ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.GEMM,
+                  ConvAlgo.IMPLICIT_GEMM]
   if platform == "cpu":
-    if small_groups or reduction <= 8:
-      return [ConvAlgo.DIRECT, ConvAlgo.GEMM, ConvAlgo.IMPLICIT_PRECOMP_GEMM]
-    return [ConvAlgo.GEMM, ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.IMPLICIT_GEMM,
-            ConvAlgo.DIRECT]
+    if small_groups or cg * taps <= 8:  # memory-bound, or a tiny reduction (MNIST's C=1)
+      return direct_first
+    if taps == 1:  # pointwise: a plain matrix product
+      return gemm_first
+    if op == ConvOp.BACKWARD_DATA and any(s > 1 for s in geometry.stride):
+      # the implicit family splits dx by stride phase and skips the zero taps
+      return [ConvAlgo.IMPLICIT_GEMM, ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.DIRECT,
+              ConvAlgo.GEMM]
+    if op == ConvOp.BACKWARD_FILTER:
+      # DIRECT's wgrad keeps per-chunk partial filters: it loses once the filter outgrows the
+      # pixels it reduces over.
+      out_pixels = batch * int(np.prod(geometry.out_spatial))
+      if cg * kg * taps > 64 * out_pixels:
+        return [ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.GEMM, ConvAlgo.IMPLICIT_GEMM,
+                ConvAlgo.DIRECT]
+    return direct_first
   # GPU
   if small_groups:
-    return [ConvAlgo.DIRECT, ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.IMPLICIT_GEMM,
-            ConvAlgo.GEMM]
+    return direct_first
   return [ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.IMPLICIT_GEMM, ConvAlgo.GEMM,
           ConvAlgo.DIRECT]
 
@@ -156,7 +174,7 @@ def choose_algorithm(platform: str, op: ConvOp, requested: ConvAlgo | str,
           f"convolution on {platform}: {why}. Families that can: "
           f"{', '.join(a.name for a in able) or 'none'} (or algo='auto').")
     return requested
-  for algo in _heuristic_order(platform, op, geometry, channels, out_channels):
+  for algo in _heuristic_order(platform, op, geometry, batch, channels, out_channels):
     if not unsupported_reason(platform, op, algo, *args):
       return algo
   able = supported_algorithms(platform, op, *args)
