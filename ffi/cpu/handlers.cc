@@ -1,6 +1,7 @@
 // XLA FFI handlers of the CPU backend: decode (ffi_conv.h), run (conv_cpu.cc), report errors.
 #include "handlers.h"
 
+#include <exception>
 #include <string>
 
 #include "conv_cpu.h"
@@ -26,29 +27,27 @@ ffi::Error run_conv_call(ConvOp op, ffi::AnyBuffer a, ffi::AnyBuffer b,
   return ffi::Error::Success();
 }
 
+// No C++ exception may cross the FFI boundary (an allocation failure in a kernel, say).
 template <ConvOp kOp>
 ffi::Error conv_handler_impl(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out,
                              ffi::Result<ffi::AnyBuffer> workspace, ffi::Dictionary attrs) {
-  return run_conv_call(kOp, a, b, out, workspace, attrs);
-}
-
-template <ConvOp kOp>
-constexpr auto conv_binding() {
-  return ffi::Ffi::Bind()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>()
-      .Attrs<ffi::Dictionary>();
+  try {
+    return run_conv_call(kOp, a, b, out, workspace, attrs);
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxdnn convolution: unexpected exception: ") +
+                                e.what());
+  } catch (...) {
+    return ffi::Error::Internal("jaxdnn convolution: unexpected exception");
+  }
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvForward, conv_handler_impl<ConvOp::kForward>,
-                              conv_binding<ConvOp::kForward>());
+                              bind_conv_call(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvBackwardData, conv_handler_impl<ConvOp::kBackwardData>,
-                              conv_binding<ConvOp::kBackwardData>());
+                              bind_conv_call(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvBackwardFilter, conv_handler_impl<ConvOp::kBackwardFilter>,
-                              conv_binding<ConvOp::kBackwardFilter>());
+                              bind_conv_call(ffi::Ffi::Bind()));
 
 }  // namespace jaxdnn::cpu

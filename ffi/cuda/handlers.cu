@@ -60,13 +60,7 @@ ffi::Error conv_handler_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuff
 }
 
 auto conv_binding() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>()
-      .Attrs<ffi::Dictionary>();
+  return bind_conv_call(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "jaxdnn/conv_problem.h"
 #include "xla/ffi/api/ffi.h"
@@ -96,6 +97,18 @@ inline bool same3(const int64_t a[3], const int64_t b[3]) {
 }
 
 }  // namespace internal
+
+// Appends what every jaxdnn conv handler binds after its platform context (if any):
+// operands a, b; results out, workspace; all attributes as one dictionary.
+template <typename Binding>
+auto bind_conv_call(Binding&& binding) {
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attrs<ffi::Dictionary>();
+}
 
 // Decodes and validates one call. On success fills `dec`.
 inline ffi::Error decode_conv_call(ConvOp op, const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
