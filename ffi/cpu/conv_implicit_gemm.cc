@@ -8,6 +8,8 @@
 //                    f*dil = phi (mod stride), at o = (i*lhs + pad_lo - f*dil) / stride. Per phase
 //                    class and group: dx(i, c) = sum_(tap, k) dy(o(i, tap), k) w(tap, c, k),
 //                    with the dy rows gathered by the A packer; no zero taps are multiplied.
+//                    With small Cg (<= NR / 4) the same gathered panel is reduced against the Cg
+//                    weight rows by vectorized dot products instead of the NR-padded micro-kernel.
 // IMPLICIT_GEMM computes each row's tap offsets with index arithmetic inside the packer;
 // IMPLICIT_PRECOMP_GEMM reads them from a table built once per call in the workspace
 // (int64 offsets, -1 = padding): [output pixel][tap] for forward / backward-filter, and
@@ -267,6 +269,109 @@ size_t dgrad_table_elems(const ConvProblem& p) {
   return total;
 }
 
+// ---- Small-Cg backward-data product ------------------------------------------------------------
+// With few input channels per group the product's N side (Cg) would be padded to the micro-kernel
+// width NR, wasting most of the multiply-adds. Instead each input pixel's gathered dy row (taps *
+// Kg long, packed into a per-thread panel exactly as for the blocked product) is reduced against
+// the Cg rows of the transposed weight panel with dot products vectorized along the reduction:
+// the reduction is padded only to a multiple of two vectors, and the panel serves all Cg channels.
+// The result does not depend on the thread split (each dx element is one fixed-order sum).
+constexpr int64_t kSmallCgMax = 8;  // acc[] capacity; the path is taken for Cg <= min(8, NR / 4)
+
+typedef float SmallVecF __attribute__((vector_size(64)));
+typedef double SmallVecD __attribute__((vector_size(64)));
+template <typename T> struct SmallVec;
+template <> struct SmallVec<float> { using type = SmallVecF; };
+template <> struct SmallVec<double> { using type = SmallVecD; };
+
+// acc[r * ldacc + c] += sum_kk A[r * lda + kk] * B[c * ldb + kk] for r < RB, c < CB, kk < kcp
+// (kcp a multiple of two vectors; tails zero-padded by the caller). Fixed summation order.
+template <typename T, int RB, int CB>
+inline void small_dot_block(int64_t kcp, const T* A, int64_t lda, const T* B, int64_t ldb, T* acc,
+                            int64_t ldacc) {
+  using V = typename SmallVec<T>::type;
+  constexpr int L = static_cast<int>(sizeof(V) / sizeof(T));
+  constexpr int U = RB * CB >= 6 ? 1 : 2;  // independent chains per (r, c)
+  V s[RB][CB][U];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CB; ++c)
+      for (int u = 0; u < U; ++u) s[r][c][u] = V{};
+  for (int64_t kk = 0; kk < kcp; kk += U * L) {
+    for (int u = 0; u < U; ++u) {
+      V b[CB];
+      for (int c = 0; c < CB; ++c) std::memcpy(&b[c], B + c * ldb + kk + u * L, sizeof(V));
+      for (int r = 0; r < RB; ++r) {
+        V a;
+        std::memcpy(&a, A + r * lda + kk + u * L, sizeof(V));
+        for (int c = 0; c < CB; ++c) s[r][c][u] += a * b[c];
+      }
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CB; ++c) {
+      V v = s[r][c][0];
+      for (int u = 1; u < U; ++u) v += s[r][c][u];
+      T t = T(0);
+      for (int l = 0; l < L; ++l) t += v[l];
+      acc[r * ldacc + c] += t;
+    }
+}
+
+template <typename T, int RB>
+inline void small_dot_rows(int64_t kcp, const T* A, int64_t lda, const T* B, int64_t ldb,
+                           int64_t ncb, T* acc, int64_t ldacc) {
+  int64_t c = 0;
+  for (; c + 4 <= ncb; c += 4)
+    small_dot_block<T, RB, 4>(kcp, A, lda, B + c * ldb, ldb, acc + c, ldacc);
+  switch (ncb - c) {
+    case 3: small_dot_block<T, RB, 3>(kcp, A, lda, B + c * ldb, ldb, acc + c, ldacc); break;
+    case 2: small_dot_block<T, RB, 2>(kcp, A, lda, B + c * ldb, ldb, acc + c, ldacc); break;
+    case 1: small_dot_block<T, RB, 1>(kcp, A, lda, B + c * ldb, ldb, acc + c, ldacc); break;
+    default: break;
+  }
+}
+
+// acc[r * ldacc + c] += A(r, :) . B(c, :) for r < mc, c < ncb.
+template <typename T>
+void small_dot_panel(int64_t mc, int64_t kcp, const T* A, int64_t lda, const T* B, int64_t ldb,
+                     int64_t ncb, T* acc, int64_t ldacc) {
+  // Rows per block: about eight independent (row, channel) accumulators.
+  const int rb = ncb == 1 ? 8 : ncb == 2 ? 4 : 2;
+  int64_t r = 0;
+  if (rb == 8)
+    for (; r + 8 <= mc; r += 8)
+      small_dot_rows<T, 8>(kcp, A + r * lda, lda, B, ldb, ncb, acc + r * ldacc, ldacc);
+  if (rb >= 4)
+    for (; r + 4 <= mc; r += 4)
+      small_dot_rows<T, 4>(kcp, A + r * lda, lda, B, ldb, ncb, acc + r * ldacc, ldacc);
+  for (; r + 2 <= mc; r += 2)
+    small_dot_rows<T, 2>(kcp, A + r * lda, lda, B, ldb, ncb, acc + r * ldacc, ldacc);
+  for (; r < mc; ++r)
+    small_dot_rows<T, 1>(kcp, A + r * lda, lda, B, ldb, ncb, acc + r * ldacc, ldacc);
+}
+
+// conv_gather_row for tap-major rows with unit channel stride, copying each run (the group's Kg
+// output channels of one tap) inline rather than through a library call.
+template <typename T>
+inline void small_gather_row(T* dst, const T* base, const int64_t* toff, int64_t nch, int64_t k0,
+                             int64_t kc) {
+  int64_t tap = k0 / nch, c = k0 % nch, k = 0;
+  while (k < kc) {
+    const int64_t run = std::min(nch - c, kc - k);
+    const int64_t off = toff[tap];
+    T* d = dst + k;
+    if (off < 0) {
+      for (int64_t r = 0; r < run; ++r) d[r] = T(0);
+    } else {
+      const T* src = base + off + c;
+      for (int64_t r = 0; r < run; ++r) d[r] = src[r];
+    }
+    k += run;
+    ++tap;
+    c = 0;
+  }
+}
+
 template <typename T>
 void backward_data(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io, bool pre) {
   const T* dy = io.a;
@@ -278,9 +383,13 @@ void backward_data(const ConvProblem& p, const ConvGemmDims& g, const ConvOperan
   int64_t* table_base = static_cast<int64_t*>(io.workspace);
   int64_t table_used = 0;
   const int64_t R = p.filt[1], S = p.filt[2];
+  // Small path where it beats the padded product: Cg <= NR / 4 (<= 8 for float with AVX-512).
+  const bool small = g.Cg <= std::min<int64_t>(kSmallCgMax, GemmShape<T>::NR / 4);
+  std::vector<T> wt;  // small-Cg path: each group's weights as Cg rows of the reduction
   for (int64_t r0 = 0; r0 < p.stride[0]; ++r0)
     for (int64_t r1 = 0; r1 < p.stride[1]; ++r1)
       for (int64_t r2 = 0; r2 < p.stride[2]; ++r2) {
+        const int64_t rr[3] = {r0, r1, r2};
         const std::vector<int64_t>* I[3] = {&cls[0].idx[r0], &cls[1].idx[r1], &cls[2].idx[r2]};
         const std::vector<int64_t>* F[3] = {&cls[0].taps[r0], &cls[1].taps[r1], &cls[2].taps[r2]};
         const int64_t in_n[3] = {(int64_t)I[0]->size(), (int64_t)I[1]->size(),
@@ -296,31 +405,40 @@ void backward_data(const ConvProblem& p, const ConvGemmDims& g, const ConvOperan
           const int64_t a2 = t % f_n[2], a1 = (t / f_n[2]) % f_n[1], a0 = t / (f_n[2] * f_n[1]);
           tfull[t] = ((*F[0])[a0] * R + (*F[1])[a1]) * S + (*F[2])[a2];
         }
-        // Tap offsets (into dy's spatial part) of class pixel r.
-        auto class_offsets = [&](int64_t r, int64_t* toff) {
-          int64_t u[3];
-          u[2] = r % in_n[2];
-          u[1] = (r / in_n[2]) % in_n[1];
-          u[0] = r / (in_n[2] * in_n[1]);
-          int64_t t = 0;
-          for (int64_t a0 = 0; a0 < f_n[0]; ++a0) {
-            const int64_t v0 = (*I[0])[u[0]] * p.lhs_dilation[0] + p.pad_lo[0] -
-                               (*F[0])[a0] * p.dilation[0];
-            const int64_t o0 = v0 / p.stride[0];
-            const bool ok0 = v0 >= 0 && o0 < p.out[0];
-            for (int64_t a1 = 0; a1 < f_n[1]; ++a1) {
-              const int64_t v1 = (*I[1])[u[1]] * p.lhs_dilation[1] + p.pad_lo[1] -
-                                 (*F[1])[a1] * p.dilation[1];
-              const int64_t o1 = v1 / p.stride[1];
-              const bool ok1 = ok0 && v1 >= 0 && o1 < p.out[1];
-              for (int64_t a2 = 0; a2 < f_n[2]; ++a2, ++t) {
-                const int64_t v2 = (*I[2])[u[2]] * p.lhs_dilation[2] + p.pad_lo[2] -
-                                   (*F[2])[a2] * p.dilation[2];
-                const int64_t o2 = v2 / p.stride[2];
-                toff[t] = ok1 && v2 >= 0 && o2 < p.out[2]
-                              ? o0 * g.ys.sp[0] + o1 * g.ys.sp[1] + o2 * g.ys.sp[2]
-                              : -1;
+        // Per axis, with phi the class residue: input index i of the class sits at virtual
+        // position i*lhs + pad_lo = phi + stride*qi, tap f at f*dil = phi + stride*qf, and reads
+        // output index o = qi - qf (valid when 0 <= o < out). Exact divisions.
+        std::vector<int64_t> qi[3], qf[3];
+        for (int a = 0; a < 3; ++a) {
+          const int64_t s = p.stride[a];
+          for (int64_t i : *I[a])
+            qi[a].push_back((i * p.lhs_dilation[a] + p.pad_lo[a] - rr[a]) / s);
+          for (int64_t f : *F[a]) qf[a].push_back((f * p.dilation[a] - rr[a]) / s);
+        }
+        // Tap offsets (into dy's spatial part) of class pixel r for class taps [t0, t1).
+        auto class_offsets = [&](int64_t r, int64_t t0, int64_t t1, int64_t* toff) {
+          if (t0 >= t1) return;
+          const int64_t b2 = qi[2][r % in_n[2]], b1 = qi[1][(r / in_n[2]) % in_n[1]],
+                        b0 = qi[0][r / (in_n[2] * in_n[1])];
+          int64_t a2 = t0 % f_n[2], a1 = (t0 / f_n[2]) % f_n[1], a0 = t0 / (f_n[2] * f_n[1]);
+          auto base01 = [&]() -> int64_t {
+            const int64_t o0 = b0 - qf[0][a0], o1 = b1 - qf[1][a1];
+            return o0 >= 0 && o0 < p.out[0] && o1 >= 0 && o1 < p.out[1]
+                       ? o0 * g.ys.sp[0] + o1 * g.ys.sp[1]
+                       : -1;
+          };
+          int64_t base = base01();
+          const int64_t* q2 = qf[2].data();
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t o2 = b2 - q2[a2];
+            toff[t] = base >= 0 && o2 >= 0 && o2 < p.out[2] ? base + o2 * g.ys.sp[2] : -1;
+            if (++a2 == f_n[2]) {
+              a2 = 0;
+              if (++a1 == f_n[1]) {
+                a1 = 0;
+                ++a0;
               }
+              if (t + 1 < t1) base = base01();
             }
           }
         };
@@ -330,7 +448,7 @@ void backward_data(const ConvProblem& p, const ConvGemmDims& g, const ConvOperan
           parallel_for(
               ipc,
               [&](int64_t b, int64_t e) {
-                for (int64_t r = b; r < e; ++r) class_offsets(r, table + r * ntap);
+                for (int64_t r = b; r < e; ++r) class_offsets(r, 0, ntap, table + r * ntap);
               },
               64);
         }
@@ -339,46 +457,107 @@ void backward_data(const ConvProblem& p, const ConvGemmDims& g, const ConvOperan
                         u0 = r / (in_n[2] * in_n[1]);
           return (*I[0])[u0] * g.xs.sp[0] + (*I[1])[u1] * g.xs.sp[1] + (*I[2])[u2] * g.xs.sp[2];
         };
-        for (int64_t gg = 0; gg < g.G; ++gg) {
+        const int64_t M = p.N * ipc, KKc = ntap * g.Kg;
+        // B(kk = tap * Kg + k, c) = w(tap, c, k) of group gg: wb(gg)[w_row(kk) + c * wcs].
+        auto wb = [&](int64_t gg) {
+          return g.nhwc ? w + gg * g.Kg           // w[(tf * Cg + c) * K + g*Kg + k]
+                        : w + gg * g.Kg * g.KK;  // w[(g*Kg + k) * Cg*TRS + c * TRS + tf]
+        };
+        const int64_t wcs = g.nhwc ? p.K : g.TRS;
+        auto w_row = [&](int64_t kk) {
+          const int64_t tf = tfull[kk / g.Kg], k = kk % g.Kg;
+          return g.nhwc ? tf * g.Cg * p.K + k : k * g.KK + tf;
+        };
+        // Gathers the dy rows (group gg) of class pixels [i0, i0+mc), reduction entries
+        // [k0, k0+kc), into dst with row stride ld.
+        // (The small-Cg path copies the short contiguous dy channel runs inline.)
+        const bool inline_copy = small && g.ys.c == 1;
+        auto pack_rows = [&](int64_t gg, T* dst, int64_t ld, int64_t i0, int64_t mc, int64_t k0,
+                             int64_t kc) {
           const T* dyg = dy + gg * g.Kg * g.ys.c;
-          T* dxg = dx + gg * g.Cg * g.xs.c;
-          // B(kk = tap * Kg + k, c) = w(tap, c, k).
-          const T* wb;
-          int64_t wcs;
-          if (g.nhwc) {  // w[(tf * Cg + c) * K + g*Kg + k]
-            wb = w + gg * g.Kg;
-            wcs = p.K;
-          } else {  // w[(g*Kg + k) * Cg*TRS + c * TRS + tf]
-            wb = w + gg * g.Kg * g.KK;
-            wcs = g.TRS;
+          const int64_t t0 = k0 / g.Kg, t1 = (k0 + kc - 1) / g.Kg + 1;
+          int64_t* loc = pre ? nullptr : tls_offsets(ntap);
+          for (int64_t i = 0; i < mc; ++i) {
+            const int64_t m = i0 + i, n = m / ipc, r = m % ipc;
+            const int64_t* toff;
+            if (pre) {
+              toff = table + r * ntap;
+            } else {
+              class_offsets(r, t0, t1, loc);
+              toff = loc;
+            }
+            if (inline_copy) {
+              small_gather_row(dst + i * ld, dyg + n * g.ys.n, toff, g.Kg, k0, kc);
+            } else {
+              conv_gather_row(dst + i * ld, dyg + n * g.ys.n, toff, ntap, g.Kg, g.ys.c, true, k0,
+                              kc);
+            }
           }
-          gemm_driver<T>(
-              p.N * ipc, g.Cg, ntap * g.Kg, T(1), T(0),
-              [&](T* dst, int64_t i0, int64_t mc, int64_t k0, int64_t kc) {
-                int64_t* loc = pre ? nullptr : tls_offsets(ntap);
-                for (int64_t i = 0; i < mc; ++i) {
-                  const int64_t m = i0 + i, n = m / ipc, r = m % ipc;
-                  const int64_t* toff;
-                  if (pre) {
-                    toff = table + r * ntap;
-                  } else {
-                    class_offsets(r, loc);
-                    toff = loc;
-                  }
-                  conv_gather_row(dst + i * KC, dyg + n * g.ys.n, toff, ntap, g.Kg, g.ys.c, true,
-                                  k0, kc);
-                }
-              },
-              [&](T* dst, int64_t k0, int64_t kc, int64_t j0, int64_t nc) {
-                gemm_pack_b_rows<T>(
-                    dst, wb,
-                    [&](int64_t kk) {
-                      const int64_t tf = tfull[kk / g.Kg], k = kk % g.Kg;
-                      return g.nhwc ? tf * g.Cg * p.K + k : k * g.KK + tf;
-                    },
-                    wcs, k0, kc, j0, nc);
-              },
-              [&](int64_t m) { return dxg + (m / ipc) * g.xs.n + spatial(m % ipc); }, g.xs.c);
+        };
+        if (!small) {
+          for (int64_t gg = 0; gg < g.G; ++gg) {
+            T* dxg = dx + gg * g.Cg * g.xs.c;
+            const T* wg = wb(gg);
+            gemm_driver<T>(
+                M, g.Cg, KKc, T(1), T(0),
+                [&](T* dst, int64_t i0, int64_t mc, int64_t k0, int64_t kc) {
+                  pack_rows(gg, dst, KC, i0, mc, k0, kc);
+                },
+                [&](T* dst, int64_t k0, int64_t kc, int64_t j0, int64_t nc) {
+                  gemm_pack_b_rows<T>(dst, wg, w_row, wcs, k0, kc, j0, nc);
+                },
+                [&](int64_t m) { return dxg + (m / ipc) * g.xs.n + spatial(m % ipc); }, g.xs.c);
+          }
+          continue;
+        }
+        // Small Cg: dx(i, c) = A(i, :) . Wt(c, :), A = the gathered dy rows (per-thread panel of
+        // MB rows x KB reduction entries), Wt(c, kk) = w(tap(kk), c, k(kk)). Tasks are
+        // (group, row block) pairs, so that many small groups also spread over the threads.
+        using V = typename SmallVec<T>::type;
+        constexpr int64_t VL2 = 2 * static_cast<int64_t>(sizeof(V) / sizeof(T));
+        const int64_t KB = KKc <= 1536 ? KKc : 512;  // 512: a multiple of VL2
+        const int64_t ldw = gemm_round_up(std::max<int64_t>(KKc, 1), VL2);
+        const int64_t lda = gemm_round_up(std::max<int64_t>(KB, 1), VL2);
+        const int64_t MB = std::max<int64_t>(
+            8, std::min<int64_t>(64, (int64_t{96} << 10) / (lda * int64_t(sizeof(T))) / 8 * 8));
+        wt.assign(static_cast<size_t>(p.C * ldw), T(0));
+        for (int64_t gg = 0; gg < g.G; ++gg) {
+          const T* wg = wb(gg);
+          for (int64_t c = 0; c < g.Cg; ++c)
+            for (int64_t kk = 0; kk < KKc; ++kk)
+              wt[(gg * g.Cg + c) * ldw + kk] = wg[w_row(kk) + c * wcs];
+        }
+        const int64_t nblk = (M + MB - 1) / MB;
+        auto task = [&](int64_t b, int64_t e) {
+          T* Ap = gemm_scratch<T>(2, static_cast<size_t>(MB * lda));
+          T acc[64 * kSmallCgMax];
+          for (int64_t u = b; u < e; ++u) {
+            // Groups vary fastest: the blocks of one pixel range share dy's and dx's cache lines.
+            const int64_t gg = u % g.G, blk = u / g.G;
+            const int64_t i0 = blk * MB, mc = std::min(MB, M - i0);
+            const T* wtg = wt.data() + gg * g.Cg * ldw;
+            std::fill(acc, acc + mc * g.Cg, T(0));
+            for (int64_t k0 = 0; k0 < KKc; k0 += KB) {
+              const int64_t kc = std::min(KB, KKc - k0), kcp = gemm_round_up(kc, VL2);
+              pack_rows(gg, Ap, lda, i0, mc, k0, kc);
+              if (kcp > kc)
+                for (int64_t i = 0; i < mc; ++i)
+                  std::memset(Ap + i * lda + kc, 0, sizeof(T) * (kcp - kc));
+              small_dot_panel<T>(mc, kcp, Ap, lda, wtg + k0, ldw, g.Cg, acc, g.Cg);
+            }
+            T* dxg = dx + gg * g.Cg * g.xs.c;
+            for (int64_t i = 0; i < mc; ++i) {
+              const int64_t m = i0 + i;
+              T* d = dxg + (m / ipc) * g.xs.n + spatial(m % ipc);
+              for (int64_t c = 0; c < g.Cg; ++c) d[c * g.xs.c] = acc[i * g.Cg + c];
+            }
+          }
+        };
+        const double work = 2.0 * static_cast<double>(M) * std::max<int64_t>(KKc, 1) * p.C;
+        if (work < 1.0e6 || num_threads() <= 1) {
+          task(0, g.G * nblk);
+        } else {
+          parallel_for(g.G * nblk, task, 1);
         }
       }
 }
