@@ -127,17 +127,18 @@ def torch_time(L, op, dtype_name, k_ops, repeats):
   xs = [mk((L["N"], L["C"], L["H"], L["W"])) for _ in range(k_ops)]
   ws = [mk((L["K"], L["C"] // L["groups"], L["R"], L["S"])) for _ in range(k_ops)]
   dys = [mk((L["N"], L["K"], y_shape[1], y_shape[2])) for _ in range(k_ops)]
-  cargs = dict(stride=L["stride"], padding=L["pad"], groups=L["groups"])
-  nn = torch.nn.grad
+  stride, pad, groups = [L["stride"]] * 2, [L["pad"]] * 2, L["groups"]
+  # dgrad / wgrad through aten.convolution_backward, the op autograd runs (cuDNN's backward
+  # algorithms), asking for one gradient at a time.
+  mask = {"dgrad": [True, False, False], "wgrad": [False, True, False]}.get(op)
 
   def body():
     for i in range(k_ops):
       if op == "fwd":
-        torch.nn.functional.conv2d(xs[i], ws[i], **cargs)
-      elif op == "dgrad":
-        nn.conv2d_input(xs[i].shape, ws[i], dys[i], **cargs)
+        torch.nn.functional.conv2d(xs[i], ws[i], stride=stride, padding=pad, groups=groups)
       else:
-        nn.conv2d_weight(xs[i], ws[i].shape, dys[i], **cargs)
+        torch.ops.aten.convolution_backward(dys[i], xs[i], ws[i], None, stride, pad, [1, 1],
+                                            False, [0, 0], groups, mask)
 
   s = torch.cuda.Stream()
   s.wait_stream(torch.cuda.current_stream())
