@@ -57,9 +57,13 @@ def extension(platform: str) -> ModuleType | None:
   name, xla_platform = _EXTENSIONS[platform]
   try:
     module = importlib.import_module(name)
-  except ImportError:
+  except ImportError as e:
     if platform == "cpu":
-      raise
+      package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+      raise ImportError(
+          f"jaxdnn's compiled CPU extension is missing from {package_dir} ({e}). Build and "
+          f"install the package (pip install --no-build-isolation .) and import it from outside "
+          f"the source tree, whose jaxdnn/ folder has no compiled extension.") from e
     return None
   _check_ffi_api(module)
   for target, capsule in module.registrations().items():
