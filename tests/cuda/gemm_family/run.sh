@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One-shot GPU check + timing of the GEMM-family kernels (target: < 2.5 min on one H200).
+#   bash tests/cuda/gemm_family/run.sh [OUTDIR]      (from the repo root; OUTDIR defaults to /tmp/gemmcheck)
+# 1. builds bin/check against ffi/cuda/conv_gemm_family.cu (build.sh; the two compiles run in parallel)
+# 2. correctness: all 3 algorithms x 3 ops x 7 dtype combos x NHWC/NCHW on check.cu's geometry set
+#    (automatic tile), then the forced 128x128 forward tile (JAXDNN_GEMM_TILE=L, quick set)
+# 3. timing: IMPLICIT_PRECOMP_GEMM bf16 forward on the ResNet-50 layers (ms, TFLOP/s)
+# Exit status: non-zero when a build or a check failed.
+set -u
+cd "$(dirname "$0")/../../.."
+OUT=${1:-/tmp/gemmcheck}
+mkdir -p "$OUT"
+T0=$(date +%s)
+echo "== build"
+if ! bash tests/cuda/gemm_family/build.sh > "$OUT/build.log" 2>&1; then
+  cat "$OUT/build.log"; echo "BUILD FAILED"; exit 2
+fi
+echo "   built in $(( $(date +%s) - T0 )) s"
+BIN=/tmp/jaxdnn-gemmcheck/check
+rc=0
+echo "== correctness (automatic tile)"
+timeout 60 $BIN --no-time > "$OUT/check_auto.log" 2>&1 || rc=1
+grep -E "^(FAIL|CHECK|BAD|WS|  worst)" "$OUT/check_auto.log" | head -40
+echo "== correctness (forced 128x128 forward tile, quick set)"
+JAXDNN_GEMM_TILE=L timeout 25 $BIN --no-time --quick > "$OUT/check_L.log" 2>&1 || rc=1
+grep -E "^(FAIL|CHECK|BAD|WS)" "$OUT/check_L.log" | head -20
+echo "== IMPLICIT_PRECOMP_GEMM bf16 forward, ResNet-50 layers (NHWC, N=32)"
+grep -E "^r50" benchmarks/layers-gpu.txt > "$OUT/layers_r50.txt"
+timeout 30 $BIN --no-check --fwd-only --layers "$OUT/layers_r50.txt" --csv "$OUT/timing_r50.csv" \
+  > "$OUT/timing_r50.log" 2>&1 || rc=1
+cat "$OUT/timing_r50.log"
+echo "== done in $(( $(date +%s) - T0 )) s, rc=$rc"
+exit $rc
