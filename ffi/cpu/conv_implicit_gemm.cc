@@ -25,6 +25,31 @@
 namespace jaxdnn::cpu {
 namespace {
 
+// Steps (n, pix, o) to the next output pixel in (n, z, p, q) order.
+inline void next_output_pixel(const ConvProblem& p, int64_t opix, int64_t& pix, int64_t& n,
+                              int64_t o[3]) {
+  if (++pix == opix) {
+    pix = 0;
+    ++n;
+    o[0] = o[1] = o[2] = 0;
+  } else if (++o[2] == p.out[2]) {
+    o[2] = 0;
+    if (++o[1] == p.out[1]) {
+      o[1] = 0;
+      ++o[0];
+    }
+  }
+}
+
+// IMPLICIT_GEMM's per-pixel tap offsets, computed on the fly into `loc`.
+inline const int64_t* computed_tap_offsets(const ConvProblem& p, const int64_t o[3],
+                                           const int64_t sp[3], int64_t t0, int64_t t1,
+                                           int64_t* loc) {
+  conv_tap_offsets(p, o, sp, t0, t1, loc);
+  return loc;
+}
+
+
 
 int64_t* tls_offsets(size_t n) {
   thread_local std::vector<int64_t> buf;
@@ -52,7 +77,8 @@ size_t fwd_table_elems(const ConvProblem& p) {
 
 
 template <typename T>
-void forward(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io, bool pre) {
+void forward(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io,
+    bool pre) {
   const T* x = io.a;
   const T* w = io.b;
   T* y = io.out;
@@ -78,27 +104,11 @@ void forward(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>&
           int64_t o[3];
           conv_decode(pix, p.out, o);
           for (int64_t i = 0; i < mc; ++i) {
-            const int64_t* toff;
-            if (pre) {
-              toff = table + pix * g.TRS;
-            } else {
-              conv_tap_offsets(p, o, g.xs.sp, t0, t1, loc);
-              toff = loc;
-            }
+            const int64_t* toff =
+                pre ? table + pix * g.TRS : computed_tap_offsets(p, o, g.xs.sp, t0, t1, loc);
             conv_gather_row(dst + i * KC, xg + n * g.xs.n, toff, g.TRS, g.Cg, g.xs.c, g.nhwc, k0,
                             kc);
-            // Next output pixel.
-            if (++pix == g.opix) {
-              pix = 0;
-              ++n;
-              o[0] = o[1] = o[2] = 0;
-            } else if (++o[2] == p.out[2]) {
-              o[2] = 0;
-              if (++o[1] == p.out[1]) {
-                o[1] = 0;
-                ++o[0];
-              }
-            }
+            next_output_pixel(p, g.opix, pix, n, o);
           }
         },
         [&](T* dst, int64_t k0, int64_t kc, int64_t j0, int64_t nc) {
@@ -114,7 +124,8 @@ size_t wgrad_tmp_offset(const ConvProblem& p, bool pre) {
 }
 
 template <typename T>
-void backward_filter(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io, bool pre) {
+void backward_filter(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io,
+    bool pre) {
   const T* x = io.a;
   const T* dy = io.b;
   T* dw = io.out;
@@ -158,13 +169,8 @@ void backward_filter(const ConvProblem& p, const ConvGemmDims& g, const ConvOper
             int64_t o[3];
             conv_decode(pix, p.out, o);
             for (int64_t k = 0; k < kc; ++k) {
-              const int64_t* toff;
-              if (pre) {
-                toff = table + pix * g.TRS;
-              } else {
-                conv_tap_offsets(p, o, g.xs.sp, t0, t1, loc);
-                toff = loc;
-              }
+              const int64_t* toff =
+                  pre ? table + pix * g.TRS : computed_tap_offsets(p, o, g.xs.sp, t0, t1, loc);
               const T* xb = xg + n * g.xs.n;
               for (int64_t sl = 0; sl < nsl; ++sl) {
                 T* d = dst + sl * kc * NR + k * NR;
@@ -172,17 +178,7 @@ void backward_filter(const ConvProblem& p, const ConvGemmDims& g, const ConvOper
                 conv_gather_row(d, xb, toff, g.TRS, g.Cg, int64_t{1}, true, j0 + sl * NR, w);
                 for (int64_t j = w; j < NR; ++j) d[j] = T(0);
               }
-              if (++pix == g.opix) {
-                pix = 0;
-                ++n;
-                o[0] = o[1] = o[2] = 0;
-              } else if (++o[2] == p.out[2]) {
-                o[2] = 0;
-                if (++o[1] == p.out[1]) {
-                  o[1] = 0;
-                  ++o[0];
-                }
-              }
+              next_output_pixel(p, g.opix, pix, n, o);
             }
           },
           [&](int64_t i) { return dwt + i * g.KK; }, int64_t{1});
@@ -209,29 +205,14 @@ void backward_filter(const ConvProblem& p, const ConvGemmDims& g, const ConvOper
           int64_t o[3];
           conv_decode(pix, p.out, o);
           for (int64_t k = 0; k < kc; ++k) {
-            const int64_t* toff;
-            if (pre) {
-              toff = table + pix * g.TRS;
-            } else {
-              conv_tap_offsets(p, o, g.xs.sp, t0, t1, loc);
-              toff = loc;
-            }
+            const int64_t* toff =
+                pre ? table + pix * g.TRS : computed_tap_offsets(p, o, g.xs.sp, t0, t1, loc);
             const T* xb = xg + n * g.xs.n;
             for (int64_t i = 0; i < mc; ++i) {
               const int64_t off = toff[tap_i[i]];
               dst[i * KC + k] = off < 0 ? T(0) : xb[off + coff_i[i]];
             }
-            if (++pix == g.opix) {
-              pix = 0;
-              ++n;
-              o[0] = o[1] = o[2] = 0;
-            } else if (++o[2] == p.out[2]) {
-              o[2] = 0;
-              if (++o[1] == p.out[1]) {
-                o[1] = 0;
-                ++o[0];
-              }
-            }
+            next_output_pixel(p, g.opix, pix, n, o);
           }
         },
         [&](T* dst, int64_t k0, int64_t kc, int64_t j0, int64_t nc) {
@@ -373,7 +354,8 @@ inline void small_gather_row(T* dst, const T* base, const int64_t* toff, int64_t
 }
 
 template <typename T>
-void backward_data(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io, bool pre) {
+void backward_data(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>& io,
+    bool pre) {
   const T* dy = io.a;
   const T* w = io.b;
   T* dx = io.out;
