@@ -72,27 +72,40 @@ uint16_t float_to_f16(float f) {
   return sign | static_cast<uint16_t>(((r >> 13) - (112u << 10)) & 0xffffu);
 }
 
+template <typename From, typename To, typename Fn>
+void map_range(const void* src, void* dst, int64_t b, int64_t e, Fn fn) {
+  const From* s = static_cast<const From*>(src);
+  To* d = static_cast<To*>(dst);
+  for (int64_t i = b; i < e; ++i) d[i] = fn(s[i]);
+}
+
 // Converts n elements of dtype `from` at src into T at dst, in parallel.
 template <typename T>
 void widen(DType from, const void* src, T* dst, int64_t n) {
   parallel_for(n, [&](int64_t b, int64_t e) {
     switch (from) {
-      case DType::kF32: { auto* s = static_cast<const float*>(src); for (int64_t i = b; i < e; ++i) dst[i] = static_cast<T>(s[i]); break; }
-      case DType::kF64: { auto* s = static_cast<const double*>(src); for (int64_t i = b; i < e; ++i) dst[i] = static_cast<T>(s[i]); break; }
-      case DType::kBF16: { auto* s = static_cast<const uint16_t*>(src); for (int64_t i = b; i < e; ++i) dst[i] = bf16_to_float(s[i]); break; }
-      case DType::kF16: { auto* s = static_cast<const uint16_t*>(src); for (int64_t i = b; i < e; ++i) dst[i] = f16_to_float(s[i]); break; }
+      case DType::kF32: map_range<float, T>(src, dst, b, e, [](float v) { return T(v); }); break;
+      case DType::kF64: map_range<double, T>(src, dst, b, e, [](double v) { return T(v); }); break;
+      case DType::kBF16: map_range<uint16_t, T>(src, dst, b, e, bf16_to_float); break;
+      case DType::kF16: map_range<uint16_t, T>(src, dst, b, e, f16_to_float); break;
     }
   }, 1 << 14);
 }
 
+// Rounds n elements of T at src into dtype `to` at dst (round to nearest even), in parallel.
 template <typename T>
 void narrow(const T* src, DType to, void* dst, int64_t n) {
+  auto to_float = [](T v) { return static_cast<float>(v); };
   parallel_for(n, [&](int64_t b, int64_t e) {
     switch (to) {
-      case DType::kF32: { auto* d = static_cast<float*>(dst); for (int64_t i = b; i < e; ++i) d[i] = static_cast<float>(src[i]); break; }
-      case DType::kF64: { auto* d = static_cast<double*>(dst); for (int64_t i = b; i < e; ++i) d[i] = static_cast<double>(src[i]); break; }
-      case DType::kBF16: { auto* d = static_cast<uint16_t*>(dst); for (int64_t i = b; i < e; ++i) d[i] = float_to_bf16(static_cast<float>(src[i])); break; }
-      case DType::kF16: { auto* d = static_cast<uint16_t*>(dst); for (int64_t i = b; i < e; ++i) d[i] = float_to_f16(static_cast<float>(src[i])); break; }
+      case DType::kF32: map_range<T, float>(src, dst, b, e, to_float); break;
+      case DType::kF64: map_range<T, double>(src, dst, b, e, [](T v) { return double(v); }); break;
+      case DType::kBF16:
+        map_range<T, uint16_t>(src, dst, b, e, [](T v) { return float_to_bf16(float(v)); });
+        break;
+      case DType::kF16:
+        map_range<T, uint16_t>(src, dst, b, e, [](T v) { return float_to_f16(float(v)); });
+        break;
     }
   }, 1 << 14);
 }
