@@ -4,8 +4,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace jaxdnn::cpu {
@@ -29,6 +31,8 @@ class ThreadPool {
   int size() const { return static_cast<int>(threads_.size()) + 1; }
 
   // Runs task(i) for i in [0, num_tasks) on the workers and the caller; one job at a time.
+  // An exception thrown by a task is rethrown here, in the caller, once all workers are done
+  // (the FFI handler turns it into an error instead of letting a worker terminate the process).
   void run(int64_t num_tasks, const std::function<void(int64_t)>& task) {
     std::lock_guard<std::mutex> job_lock(job_mu_);
     {
@@ -37,6 +41,7 @@ class ThreadPool {
       num_tasks_ = num_tasks;
       next_.store(0);
       pending_workers_ = static_cast<int>(threads_.size());
+      error_ = nullptr;
       ++generation_;
     }
     wake_.notify_all();
@@ -44,12 +49,19 @@ class ThreadPool {
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [this] { return pending_workers_ == 0; });
     task_ = nullptr;
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
   void drain() {
     inside_parallel_region = true;
-    for (int64_t i; (i = next_.fetch_add(1)) < num_tasks_;) (*task_)(i);
+    try {
+      for (int64_t i; (i = next_.fetch_add(1)) < num_tasks_;) (*task_)(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_) error_ = std::current_exception();
+      next_.store(num_tasks_);  // the others stop taking tasks
+    }
     inside_parallel_region = false;
   }
   void worker_loop() {
@@ -75,6 +87,7 @@ class ThreadPool {
   std::atomic<int64_t> next_{0};
   int pending_workers_ = 0;
   uint64_t generation_ = 0;
+  std::exception_ptr error_;
   bool stop_ = false;
 };
 
