@@ -189,7 +189,8 @@ void backward_filter(const ConvProblem& p, const ConvGemmDims& g, const ConvOper
         g.KK, g.Kg, g.M, T(1), T(0),
         // A(kk, m) = col(m, kk): rows kk = (tap, c), columns output pixels m.
         [&](T* dst, int64_t i0, int64_t mc, int64_t k0, int64_t kc) {
-          int64_t tap_i[1024], coff_i[1024];
+          static_assert(GemmShape<T>::MC <= 1024, "packer row buffers hold at most 1024 rows");
+          int64_t tap_i[1024], coff_i[1024];  // mc <= MC rows per packed block
           int64_t t0 = g.TRS, t1 = 0;
           for (int64_t i = 0; i < mc; ++i) {
             const int64_t kk = i0 + i;
