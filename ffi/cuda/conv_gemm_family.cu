@@ -1328,6 +1328,8 @@ Plan make_plan(const CudaConvCall& c) {
     if (pl.op == OP_WGRAD) want = (2 * slots + tiles - 1) / tiles;
     else if (tiles < slots) want = slots / tiles;
     long long sp = std::min<long long>(want, std::max(1, KT / 8));
+    if (const char* f = std::getenv("JAXDNN_GEMM_SPLITS"))  // testing override (tuning sweeps)
+      sp = std::max(1, std::min(KT, std::atoi(f)));
     sp = std::max<long long>(1, std::min<long long>(sp, 65535 / zbase));
     while (sp > 1 && static_cast<size_t>(sp) * zbase * Mmax * p.Ng * acc_bytes > (size_t(1) << 30))
       sp = (sp + 1) / 2;
