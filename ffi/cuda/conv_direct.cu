@@ -7,7 +7,8 @@
 //          of TW output pixels along W. fwd: filter width S <= 7, any stride / dilation (window
 //          kernels for S = 3, 5, 7 with unit W stride and dilation, a per-tap kernel otherwise);
 //          dgrad: same kernels, all strides 1 (flipped filter); wgrad: S = 3, W dilation 1,
-//          W stride 1 or 2, T * R <= 3 (all taps in fp32 registers).
+//          W stride 1 or 2, T * R <= 3 (all taps in fp32 registers); with T == 1 and unit H
+//          stride and dilation a thread takes runs of 8 output rows, loading each x row once.
 //   dw_*   other NHWC depthwise (G == C), taps <= 9, unit lhs_dilation, 16-byte channel vectors
 //          (8 x 16-bit or 4 x f32 channels per thread; filter taps held in registers).
 //          fwd: any channel multiplier M = K/C;  dgrad: M == 1;  wgrad: any M.
@@ -862,7 +863,20 @@ __global__ void __launch_bounds__(kDwsWgThreads, 3)
       if ((unsigned)id >= (unsigned)a.sd[0]) continue;
       const T* yrun = dy + ((((i64)n * a.dd[0] + z) * a.dd[1] + p0) * a.dd[2] + q0) * C + c0;
       const T* ximg = x + (((i64)n * a.sd[0] + id) * a.sd[1]) * a.sd[2] * C + c0;
-      uint4 yr[PR][TW];  // packed dy rows of the run (only R of them live at a time)
+      uint4 yr[PR][TW];       // packed dy rows of the run (only R of them live at a time)
+      uint4 xr[PR + RM - 1][NC];  // packed x rows of the run
+      // x row j of the run: input row p0 - pad + j, meets dy row j - r through filter row r
+      auto x_row_ok = [&](int j) {
+        return j < np + R - 1 && (unsigned)(p0 - a.pad[1] + j) < (unsigned)a.sd[1];
+      };
+      auto load_x_row = [&](int j) {
+        const T* rowp = ximg + (i64)(p0 - a.pad[1] + j) * a.sd[2] * C;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          xr[j][c] = make_uint4(0u, 0u, 0u, 0u);
+          if (cok & (1u << c)) xr[j][c] = ld16u(rowp + (i64)(clo + c) * C);
+        }
+      };
 #pragma unroll
       for (int j = 0; j < PR + RM - 1; ++j) {
         if (j < PR) {
@@ -872,18 +886,11 @@ __global__ void __launch_bounds__(kDwsWgThreads, 3)
             if (j < np && q0 + i < a.dd[2]) yr[j][i] = ld16u(yrun + ((i64)j * a.dd[2] + i) * C);
           }
         }
-        // x row j of the run: input row p0 - pad + j meets dy row j - r through filter row r
-        const int ih = p0 - a.pad[1] + j;
-        if (j >= np + R - 1 || (unsigned)ih >= (unsigned)a.sd[1]) continue;
-        const T* rowp = ximg + (i64)ih * a.sd[2] * C;
+        if (!x_row_ok(j)) continue;
+        load_x_row(j);
         float xv[NC][V];
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          uint4 w = make_uint4(0u, 0u, 0u, 0u);
-          if (cok & (1u << c)) w = ld16u(rowp + (i64)(clo + c) * C);
-          cvt16(w, xv[c], (T*)nullptr);
-        }
-#pragma unroll
+        for (int c = 0; c < NC; ++c) cvt16(xr[j][c], xv[c], (T*)nullptr);
         for (int rr = 0; rr < RM; ++rr) {
           const int jp = j - rr;  // dy row of the run
           if (jp < 0 || jp >= PR) continue;
@@ -1221,8 +1228,15 @@ WgradPlan wgrad_plan(const CudaConvCall& c, Kern k) {
     const int tw = dws_tw(c);
     const int64_t rows = dws_wgrad_by_rows(c) ? (p.out[1] + kDwsWgRun - 1) / kDwsWgRun : p.out[1];
     const int64_t strips = p.N * p.out[0] * rows * ((p.out[2] + tw - 1) / tw);  // work items
-    slices = std::max<int64_t>(1, 792 / nchunks);
-    slices = std::min<int64_t>(slices, (strips + 2 * lanes - 1) / (2 * lanes));
+    if (dws_wgrad_by_rows(c)) {
+      // one wave of 3 resident blocks per SM (H200: 132 SMs), every lane the same number of runs
+      const int64_t per_lane =
+          std::max<int64_t>(1, (strips * nchunks + int64_t(lanes) * 396 - 1) / (int64_t(lanes) * 396));
+      slices = std::max<int64_t>(1, (strips + per_lane * lanes - 1) / (per_lane * lanes));
+    } else {
+      slices = std::max<int64_t>(1, 792 / nchunks);
+      slices = std::min<int64_t>(slices, (strips + 2 * lanes - 1) / (2 * lanes));
+    }
     slices = std::max<int64_t>(1, std::min<int64_t>(slices, kMaxSlices));
     w.pix_per_slice = (strips + slices - 1) / slices;  // strips per slice
     w.slices = (int)((strips + w.pix_per_slice - 1) / w.pix_per_slice);

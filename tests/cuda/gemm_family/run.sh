@@ -24,6 +24,9 @@ grep -E "^(FAIL|CHECK|BAD|WS|  worst)" "$OUT/check_auto.log" | head -40
 echo "== correctness (forced 128x128 forward tile, quick set)"
 JAXDNN_GEMM_TILE=L timeout 25 $BIN --no-time --quick > "$OUT/check_L.log" 2>&1 || rc=1
 grep -E "^(FAIL|CHECK|BAD|WS)" "$OUT/check_L.log" | head -20
+echo "== correctness (forced split-K, 3 splits, quick set)"
+JAXDNN_GEMM_SPLITS=3 timeout 25 $BIN --no-time --quick > "$OUT/check_split3.log" 2>&1 || rc=1
+grep -E "^(FAIL|CHECK|BAD|WS)" "$OUT/check_split3.log" | head -20
 echo "== IMPLICIT_PRECOMP_GEMM bf16 forward, ResNet-50 layers (NHWC, N=32)"
 grep -E "^r50" benchmarks/layers-gpu.txt > "$OUT/layers_r50.txt"
 timeout 30 $BIN --no-check --fwd-only --layers "$OUT/layers_r50.txt" --csv "$OUT/timing_r50.csv" \
