@@ -47,6 +47,14 @@ std::string gemm_family_can_implement(const CudaConvCall& c);
 size_t gemm_family_workspace_bytes(const CudaConvCall& c);
 std::string gemm_family_run(const CudaConvCall& c, const CudaConvBuffers& io);
 
+// IMPLICIT_PRECOMP_GEMM forward on Hopper wgmma for 16-bit NHWC (conv_wgmma.cu): "" when the
+// problem qualifies; its workspace (the transposed filter); wgmma_fwd_try runs it and returns
+// true when it took the call (result or error in *err), false to leave it to the mma.sync kernel
+// (not eligible, not an sm_90 device, or JAXDNN_NO_WGMMA=1).
+std::string wgmma_fwd_reason(const CudaConvCall& c);
+size_t wgmma_fwd_workspace_bytes(const CudaConvCall& c);
+bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string* err);
+
 // Dispatch over all families (conv_cuda.cu).
 std::string can_implement(const CudaConvCall& c);
 size_t workspace_bytes(const CudaConvCall& c);

@@ -1475,12 +1475,14 @@ std::string gemm_family_can_implement(const CudaConvCall& c) { return make_plan(
 
 size_t gemm_family_workspace_bytes(const CudaConvCall& c) {
   Plan pl = make_plan(c);
-  return pl.err.empty() ? pl.total : 0;
+  // room for either kernel: which one runs depends on the device (sm_90: wgmma)
+  return pl.err.empty() ? std::max(pl.total, wgmma_fwd_workspace_bytes(c)) : 0;
 }
 
 std::string gemm_family_run(const CudaConvCall& c, const CudaConvBuffers& io) {
   Plan pl = make_plan(c);
   if (!pl.err.empty()) return pl.err;
+  if (std::string err; wgmma_fwd_try(c, io, &err)) return err;
   const ConvProblem& pb = c.problem;
   if (pl.degenerate) {
     const long long n = c.op == ConvOp::kForward ? pb.y_elems()

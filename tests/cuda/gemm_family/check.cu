@@ -197,6 +197,13 @@ int run_checks(bool quick) {
     add("2d_g2_c16k32", make_problem(L, 2, 2, 16, 32, 2, {8, 8}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}));
     add("1d_c8k8_k5s2", make_problem(L, 1, 3, 8, 8, 1, {33}, {5}, {2}, {1}, {2}, {2}));
     add("3d_c8k16", make_problem(L, 3, 1, 8, 16, 1, {6, 7, 5}, {3, 3, 3}, {1, 2, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}));
+    // Cg % 64 == 0: the 16-bit forward of IMPLICIT_PRECOMP_GEMM runs the wgmma kernel on sm_90
+    // (partial M and N tiles, groups, strides, dilation, 1-D/3-D, several K tiles per tap)
+    add("wg_c64k72_3x3_odd", make_problem(L, 2, 3, 64, 72, 1, {13, 11}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}));
+    add("wg_g2_c128k96_s2_d2", make_problem(L, 2, 2, 128, 96, 2, {15, 14}, {3, 3}, {2, 2}, {2, 2}, {2, 1}, {2, 2}));
+    add("wg_3d_c64k64", make_problem(L, 3, 2, 64, 64, 1, {5, 6, 7}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}));
+    add("wg_c192k256_5x5", make_problem(L, 2, 2, 192, 256, 1, {9, 10}, {5, 5}, {1, 1}, {1, 1}, {2, 2}, {2, 2}));
+    add("wg_1d_c64k128_k7", make_problem(L, 1, 2, 64, 128, 1, {50}, {7}, {1}, {1}, {3}, {3}));
     if (quick) continue;
     add("1x1_c64k64", make_problem(L, 2, 2, 64, 64, 1, {8, 8}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, {0, 0}));
     add("2d_c64k128_s2", make_problem(L, 2, 2, 64, 128, 1, {16, 16}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}));

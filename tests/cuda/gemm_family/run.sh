@@ -24,6 +24,14 @@ grep -E "^(FAIL|CHECK|BAD|WS|  worst)" "$OUT/check_auto.log" | head -40
 echo "== correctness (forced 128x128 forward tile, quick set)"
 JAXDNN_GEMM_TILE=L timeout 25 $BIN --no-time --quick > "$OUT/check_L.log" 2>&1 || rc=1
 grep -E "^(FAIL|CHECK|BAD|WS)" "$OUT/check_L.log" | head -20
+for t in 128x128 64x128 64x64; do
+  echo "== correctness (wgmma tile forced to $t, quick set)"
+  JAXDNN_WGMMA_TILE=$t timeout 25 $BIN --no-time --quick > "$OUT/check_wg_$t.log" 2>&1 || rc=1
+  grep -E "^(FAIL|CHECK|BAD|WS)" "$OUT/check_wg_$t.log" | head -20
+done
+echo "== correctness (mma.sync kernel instead of wgmma, quick set)"
+JAXDNN_NO_WGMMA=1 timeout 25 $BIN --no-time --quick > "$OUT/check_nowg.log" 2>&1 || rc=1
+grep -E "^(FAIL|CHECK|BAD|WS)" "$OUT/check_nowg.log" | head -20
 echo "== correctness (forced split-K, 3 splits, quick set)"
 JAXDNN_GEMM_SPLITS=3 timeout 25 $BIN --no-time --quick > "$OUT/check_split3.log" 2>&1 || rc=1
 grep -E "^(FAIL|CHECK|BAD|WS)" "$OUT/check_split3.log" | head -20

@@ -1,0 +1,416 @@
+// IMPLICIT_PRECOMP_GEMM forward on Hopper's warpgroup MMA (wgmma, sm_90a), 16-bit NHWC.
+//
+// GEMM view: M = N*Z*P*Q output pixels, N = Kg output channels of a group, K = taps*Cg with
+// k = tap*Cg + c. A (activations) is gathered from x through per-tap offsets precomputed once per
+// CTA into shared memory; B is the filter, transposed once per call into the workspace as
+// [G*Kg][taps*Cg], so both operands are K-major. A pipeline stage holds A [BM][64] and B [BN][64]
+// in the 128-byte-swizzled layout that wgmma's shared-memory descriptors read (16-byte chunk c of
+// row r sits at chunk c ^ (r % 8)); cp.async fills them (zeros outside the image) while one
+// warpgroup (128 threads) runs m64nBNk16 wgmmas on the previous stage, accumulating in fp32
+// registers. The epilogue stages the fp32 tile through shared memory for 16-byte stores.
+//
+// Taken when (wgmma_fwd_reason() == ""): forward, bf16/f16 in, out = in or f32, NHWC, unit lhs
+// dilation, Cg % 64 == 0 (a 64-wide K step never straddles two taps), Kg % 8 == 0, at most 256
+// taps, and the device is sm_90. Otherwise conv_gemm_family.cu's mma.sync kernel runs the same
+// algorithm (same family, same tap tables).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "conv_cuda.h"
+#include "gemm_primitives.cuh"
+#include "wgmma_ops.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define JAXDNN_HAS_WGMMA 1
+#endif
+
+namespace jaxdnn::cuda {
+namespace {
+
+using gemm::cp_async16;
+using gemm::cp_async_commit;
+using gemm::cp_async_wait;
+using gemm::smem_u32;
+
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kBK = 64;        // K per stage: 64 16-bit values = one 128-byte swizzle row
+constexpr int kMaxTaps = 256;
+
+struct WgParams {
+  const unsigned short* x;
+  const unsigned short* wt;  // [G*Kg][taps*Cg]
+  void* y;
+  int D, H, W, Z, P, Q;
+  int C, K, Cg, Kg;
+  int R, S;
+  int str[3], dil[3], pad[3];
+  int M, ntap, Kred, tilesN;
+  int out;  // 0: same 16-bit type as the input, 1: float32
+};
+
+template <int BM, int BN>
+struct WgCfg {
+  static constexpr int A_BYTES = BM * 128, B_BYTES = BN * 128;
+  static constexpr int STAGE = A_BYTES + B_BYTES;
+  static constexpr int ST = (BM == 128 && BN == 128) ? 3 : 4;  // <= ~100 KB: 2 CTAs per SM
+  static constexpr int PIPE = ST * STAGE;
+  static constexpr int LDC = BN + 8;  // fp32 C tile row pitch (overlays the drained pipeline)
+  static_assert(BM * LDC * 4 <= PIPE, "the C tile must fit in the pipeline buffers");
+};
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) |
+         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(a[i])::"memory");
+}
+
+template <bool F16, int BN>
+__device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+  if constexpr (BN == 128) {
+    if constexpr (F16) wg::mma_m64n128k16_f16(d, da, db, 1);
+    else wg::mma_m64n128k16_bf16(d, da, db, 1);
+  } else {
+    if constexpr (F16) wg::mma_m64n64k16_f16(d, da, db, 1);
+    else wg::mma_m64n64k16_bf16(d, da, db, 1);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack2(float a, float b, bool f16) {
+  if (f16) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <bool F16, int BM, int BN>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgParams p) {
+#ifdef JAXDNN_HAS_WGMMA
+  using Cf = WgCfg<BM, BN>;
+  constexpr int ST = Cf::ST;
+  constexpr int RA = BM / 16, RB = BN / 16;  // tile rows per thread (16 rows per pass)
+  extern __shared__ __align__(1024) unsigned char smem[];
+  int4* tbl = reinterpret_cast<int4*>(smem + Cf::PIPE);
+
+  const int tid = threadIdx.x;
+  const int g = blockIdx.z;
+  const int m_base = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.tilesN)) * BM;
+  const int n_base = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.tilesN)) * BN;
+
+  // tap j -> (d, h, w) displacement and its element offset in an image
+  for (int j = tid; j < p.ntap; j += kThreads) {
+    const int t = j / (p.R * p.S), rs = j - t * (p.R * p.S);
+    const int r = rs / p.S, s = rs - r * p.S;
+    const int dz = t * p.dil[0], dh = r * p.dil[1], dw = s * p.dil[2];
+    tbl[j] = make_int4(dz, dh, dw, ((dz * p.H + dh) * p.W + dw) * p.C);
+  }
+
+  // Loader: thread = 16-byte chunk column cc of rows r0, r0 + 16, ...; every row it touches has
+  // the same r % 8, so its swizzled chunk offset is one constant.
+  const int cc = tid & 7, r0 = tid >> 3;
+  const int swz = (cc ^ (r0 & 7)) * 16;
+  const long long img = static_cast<long long>(p.D) * p.H * p.W * p.C;
+  long long a_off[RA];
+  int a_z[RA], a_h[RA], a_w[RA];
+#pragma unroll
+  for (int i = 0; i < RA; ++i) {
+    const int m = m_base + r0 + 16 * i;
+    if (m < p.M) {
+      int t = m;
+      const int q = t % p.Q; t /= p.Q;
+      const int pp = t % p.P; t /= p.P;
+      const int z = t % p.Z;
+      const int n = t / p.Z;
+      a_z[i] = z * p.str[0] - p.pad[0];
+      a_h[i] = pp * p.str[1] - p.pad[1];
+      a_w[i] = q * p.str[2] - p.pad[2];
+      a_off[i] = n * img + ((static_cast<long long>(a_z[i]) * p.H + a_h[i]) * p.W + a_w[i]) * p.C +
+                 static_cast<long long>(g) * p.Cg + cc * 8;
+    } else {
+      a_z[i] = INT_MIN / 2;  // fails every bounds test
+      a_h[i] = a_w[i] = 0;
+      a_off[i] = 0;
+    }
+  }
+  long long b_off[RB];
+  bool b_ok[RB];
+#pragma unroll
+  for (int i = 0; i < RB; ++i) {
+    const int n = n_base + r0 + 16 * i;
+    b_ok[i] = n < p.Kg;
+    b_off[i] = (static_cast<long long>(g) * p.Kg + n) * p.Kred + cc * 8;
+  }
+  __syncthreads();  // tap table
+
+  auto load = [&](int kt, int s) {
+    unsigned char* As = smem + s * Cf::STAGE;
+    unsigned char* Bs = As + Cf::A_BYTES;
+    const int k0 = kt * kBK;
+    const int j = k0 / p.Cg, c0 = k0 - j * p.Cg;
+    const int4 e = tbl[j];
+#pragma unroll
+    for (int i = 0; i < RA; ++i) {
+      const bool v = static_cast<unsigned>(a_z[i] + e.x) < static_cast<unsigned>(p.D) &&
+                     static_cast<unsigned>(a_h[i] + e.y) < static_cast<unsigned>(p.H) &&
+                     static_cast<unsigned>(a_w[i] + e.z) < static_cast<unsigned>(p.W);
+      cp_async16(As + (r0 + 16 * i) * 128 + swz, p.x + (v ? a_off[i] + e.w + c0 : 0), v);
+    }
+#pragma unroll
+    for (int i = 0; i < RB; ++i)
+      cp_async16(Bs + (r0 + 16 * i) * 128 + swz, p.wt + (b_ok[i] ? b_off[i] + k0 : 0), b_ok[i]);
+  };
+
+  float acc[BM / 64][BN / 2];
+#pragma unroll
+  for (int mb = 0; mb < BM / 64; ++mb)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
+
+  const int nk = p.Kred / kBK;
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {
+    if (s < nk) load(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<ST - 2>();
+    // cp.async wrote through the generic proxy; wgmma reads through the async proxy
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();  // stage kt is complete; every thread is past the MMA of stage kt - 1
+    const uint32_t sa = smem_u32(smem + (kt % ST) * Cf::STAGE);
+    const uint32_t sb = sa + Cf::A_BYTES;
+#pragma unroll
+    for (int mb = 0; mb < BM / 64; ++mb) fence_acc(acc[mb]);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint64_t db = sw128_desc(sb + kk * 32);
+#pragma unroll
+      for (int mb = 0; mb < BM / 64; ++mb)
+        wg_mma<F16, BN>(acc[mb], sw128_desc(sa + mb * 64 * 128 + kk * 32), db);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    // refill the stage the previous MMA read while this one runs
+    const int nx = kt + ST - 1;
+    if (nx < nk) load(nx, nx % ST);
+    cp_async_commit();
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int mb = 0; mb < BM / 64; ++mb) fence_acc(acc[mb]);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline buffers become the C tile
+
+  // Accumulator layout (per 64-row block): warp w holds rows 16w.., lane l row l/4 (+8) and
+  // columns 8j + 2(l%4) (+1) in acc[j*4 + {0,1}] (row) and acc[j*4 + {2,3}] (row + 8).
+  float* Cs = reinterpret_cast<float*>(smem);
+  constexpr int LDC = Cf::LDC;
+  const int warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+  for (int mb = 0; mb < BM / 64; ++mb) {
+    const int row = mb * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = j * 8 + (lane & 3) * 2;
+      *reinterpret_cast<float2*>(Cs + row * LDC + col) = make_float2(acc[mb][j * 4], acc[mb][j * 4 + 1]);
+      *reinterpret_cast<float2*>(Cs + (row + 8) * LDC + col) =
+          make_float2(acc[mb][j * 4 + 2], acc[mb][j * 4 + 3]);
+    }
+  }
+  __syncthreads();
+  constexpr int CPR = BN / 8, RPP = kThreads / CPR;  // 8-column chunks per row, rows per pass
+  const int ec = tid % CPR, er = tid / CPR;
+  const int col = n_base + ec * 8;
+  if (col >= p.Kg) return;
+  const bool full = col + 8 <= p.Kg;
+  for (int r = er; r < BM; r += RPP) {
+    const int m = m_base + r;
+    if (m >= p.M) break;
+    const float* src = Cs + r * LDC + ec * 8;
+    const float4 lo = *reinterpret_cast<const float4*>(src);
+    const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+    const long long off = static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg + col;
+    if (p.out) {
+      float* d = static_cast<float*>(p.y) + off;
+      if (full) {
+        reinterpret_cast<float4*>(d)[0] = lo;
+        reinterpret_cast<float4*>(d)[1] = hi;
+      } else {
+        const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        for (int q = 0; col + q < p.Kg; ++q) d[q] = v[q];
+      }
+    } else {
+      uint4 pk;
+      pk.x = pack2(lo.x, lo.y, F16);
+      pk.y = pack2(lo.z, lo.w, F16);
+      pk.z = pack2(hi.x, hi.y, F16);
+      pk.w = pack2(hi.z, hi.w, F16);
+      unsigned short* d = static_cast<unsigned short*>(p.y) + off;
+      if (full) {
+        *reinterpret_cast<uint4*>(d) = pk;
+      } else {
+        const unsigned short* h = reinterpret_cast<const unsigned short*>(&pk);
+        for (int q = 0; col + q < p.Kg; ++q) d[q] = h[q];
+      }
+    }
+  }
+#endif
+}
+
+// wt[k][row] = w[row][k]: HWIO filter as a [taps*Cg][K] matrix -> [K][taps*Cg] (K-major B).
+__global__ void __launch_bounds__(256) transpose_filter_kernel(const unsigned short* __restrict__ w,
+                                                              unsigned short* __restrict__ wt,
+                                                              int rows, int cols) {
+  __shared__ unsigned short tile[32][33];
+  const int bx = blockIdx.x * 32, by = blockIdx.y * 32;
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int r = by + i, c = bx + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = w[static_cast<long long>(r) * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int c = bx + i, r = by + threadIdx.x;
+    if (r < rows && c < cols) wt[static_cast<long long>(c) * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
+size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
+
+// Is the current device an sm_90 (Hopper) part? Cached per device.
+bool device_is_sm90() {
+  static std::atomic<unsigned long long> known{0}, yes{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  const unsigned long long bit = 1ULL << (dev & 63);
+  if (known.load(std::memory_order_acquire) & bit) return yes.load(std::memory_order_acquire) & bit;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  if (major == 9 && minor == 0) yes.fetch_or(bit, std::memory_order_acq_rel);
+  known.fetch_or(bit, std::memory_order_acq_rel);
+  return major == 9 && minor == 0;
+}
+
+template <bool F16, int BM, int BN>
+std::string launch(const WgParams& p, int groups, cudaStream_t st) {
+  using Cf = WgCfg<BM, BN>;
+  auto kern = wgmma_conv_fwd_kernel<F16, BM, BN>;
+  static std::atomic<unsigned long long> attr_done{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(e);
+  const unsigned long long bit = 1ULL << (dev & 63);
+  const int smem_max = Cf::PIPE + kMaxTaps * 16;
+  if (!(attr_done.load(std::memory_order_acquire) & bit)) {
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max);
+    if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
+    attr_done.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const long long tiles_m = (p.M + BM - 1) / BM;
+  dim3 grid(static_cast<unsigned>(tiles_m * p.tilesN), 1, static_cast<unsigned>(groups));
+  kern<<<grid, kThreads, Cf::PIPE + p.ntap * 16, st>>>(p);
+  e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("wgmma conv kernel launch: ") + cudaGetErrorString(e);
+}
+
+}  // namespace
+
+std::string wgmma_fwd_reason(const CudaConvCall& c) {
+  const ConvProblem& pb = c.problem;
+  if (c.op != ConvOp::kForward || c.algo != ConvAlgo::kImplicitPrecompGemm) return "not PRECOMP forward";
+  if (c.in != DType::kBF16 && c.in != DType::kF16) return "not 16-bit";
+  if (c.out != c.in && c.out != DType::kF32) return "result dtype";
+  if (pb.layout != Layout::kNHWC || !pb.unit_lhs_dilation()) return "layout or lhs dilation";
+  if (pb.Cg() % 64 != 0 || pb.Kg() % 8 != 0) return "channels per group";
+  if (pb.filt_taps() > kMaxTaps) return "too many taps";
+  if (pb.x_elems() == 0 || pb.y_elems() == 0 || pb.w_elems() == 0) return "empty operand";
+  const long long img = pb.in[0] * pb.in[1] * pb.in[2] * pb.C;
+  if (img > INT_MAX || pb.N * pb.out_pixels() > INT_MAX || pb.w_elems() > INT_MAX ||
+      pb.filt_taps() * pb.Cg() > INT_MAX / 2 || (pb.K + 31) / 32 > INT_MAX)
+    return "sizes beyond 32-bit index math";
+  if ((pb.filt_taps() * pb.Cg() + 31) / 32 > 65535) return "filter too large for the transpose grid";
+  return "";
+}
+
+size_t wgmma_fwd_workspace_bytes(const CudaConvCall& c) {
+  return wgmma_fwd_reason(c).empty() ? align256(static_cast<size_t>(c.problem.w_elems()) * 2) : 0;
+}
+
+bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string* err) {
+  if (!wgmma_fwd_reason(c).empty() || !device_is_sm90()) return false;
+  if (const char* off = std::getenv("JAXDNN_NO_WGMMA"); off && off[0] == '1') return false;  // testing
+  const ConvProblem& pb = c.problem;
+  const size_t need = wgmma_fwd_workspace_bytes(c);
+  if (io.workspace == nullptr || io.workspace_size < need) {
+    *err = "workspace too small for the wgmma forward kernel";
+    return true;
+  }
+  // 16-byte cp.async and stores need aligned operands (XLA's buffers are); else mma.sync runs
+  if ((reinterpret_cast<uintptr_t>(io.out) & 15) != 0 || (reinterpret_cast<uintptr_t>(io.a) & 15) != 0)
+    return false;
+  WgParams p{};
+  p.x = static_cast<const unsigned short*>(io.a);
+  p.wt = static_cast<const unsigned short*>(io.workspace);
+  p.y = io.out;
+  p.D = static_cast<int>(pb.in[0]); p.H = static_cast<int>(pb.in[1]); p.W = static_cast<int>(pb.in[2]);
+  p.Z = static_cast<int>(pb.out[0]); p.P = static_cast<int>(pb.out[1]); p.Q = static_cast<int>(pb.out[2]);
+  p.C = static_cast<int>(pb.C); p.K = static_cast<int>(pb.K);
+  p.Cg = static_cast<int>(pb.Cg()); p.Kg = static_cast<int>(pb.Kg());
+  p.R = static_cast<int>(pb.filt[1]); p.S = static_cast<int>(pb.filt[2]);
+  for (int a = 0; a < 3; ++a) {
+    p.str[a] = static_cast<int>(pb.stride[a]);
+    p.dil[a] = static_cast<int>(pb.dilation[a]);
+    p.pad[a] = static_cast<int>(pb.pad_lo[a]);
+  }
+  p.M = static_cast<int>(pb.N * pb.out_pixels());
+  p.ntap = static_cast<int>(pb.filt_taps());
+  p.Kred = p.ntap * p.Cg;
+  p.out = c.out == DType::kF32 ? 1 : 0;
+
+  dim3 tb(32, 8), tg(static_cast<unsigned>((p.K + 31) / 32), static_cast<unsigned>((p.Kred + 31) / 32));
+  transpose_filter_kernel<<<tg, tb, 0, io.stream>>>(static_cast<const unsigned short*>(io.b),
+                                                    static_cast<unsigned short*>(io.workspace),
+                                                    p.Kred, p.K);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    *err = std::string("filter transpose launch: ") + cudaGetErrorString(e);
+    return true;
+  }
+  // The largest tile that still gives every SM a CTA (H200: 132 SMs), BN = 64 for Kg <= 64.
+  // JAXDNN_WGMMA_TILE=128x128|64x128|64x64 forces one (testing).
+  const int G = static_cast<int>(pb.G);
+  auto ctas = [&](int bm, int bn) {
+    return ((p.M + bm - 1) / bm) * static_cast<long long>((p.Kg + bn - 1) / bn) * G;
+  };
+  int tile = p.Kg <= 64 ? 2 : ctas(128, 128) >= 132 ? 0 : ctas(64, 128) >= 132 ? 1 : 2;
+  if (const char* f = std::getenv("JAXDNN_WGMMA_TILE")) {
+    const std::string t(f);
+    tile = t == "128x128" ? 0 : t == "64x128" ? 1 : t == "64x64" ? 2 : tile;
+  }
+  const bool f16 = c.in == DType::kF16;
+  p.tilesN = tile == 2 ? (p.Kg + 63) / 64 : (p.Kg + 127) / 128;
+  if (tile == 0)
+    *err = f16 ? launch<true, 128, 128>(p, G, io.stream) : launch<false, 128, 128>(p, G, io.stream);
+  else if (tile == 1)
+    *err = f16 ? launch<true, 64, 128>(p, G, io.stream) : launch<false, 64, 128>(p, G, io.stream);
+  else
+    *err = f16 ? launch<true, 64, 64>(p, G, io.stream) : launch<false, 64, 64>(p, G, io.stream);
+  return true;
+}
+
+}  // namespace jaxdnn::cuda
