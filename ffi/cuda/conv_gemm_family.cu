@@ -1330,6 +1330,7 @@ Plan make_plan(const CudaConvCall& c) {
     // Split-K only while each split keeps >= 32 k-tiles: measured on the H200 (r50 layers, bf16),
     // the fp32 partials and the reduce pass cost more than they save below that.
     long long sp = std::min<long long>(want, std::max(1, KT / 32));
+    if (wgmma_fwd_reason(c).empty()) sp = 1;  // sm_90 runs the wgmma kernel
     if (const char* f = std::getenv("JAXDNN_GEMM_SPLITS"))  // testing override (tuning sweeps)
       sp = std::max(1, std::min(KT, std::atoi(f)));
     sp = std::max<long long>(1, std::min<long long>(sp, 65535 / zbase));

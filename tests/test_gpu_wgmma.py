@@ -1,0 +1,70 @@
+"""The Hopper wgmma path of IMPLICIT_PRECOMP_GEMM forward (16-bit NHWC, channels per group a
+multiple of 64), through jaxdnn.conv on the GPU, against the float64 lax oracle; the same calls
+with JAXDNN_NO_WGMMA=1 run the mma.sync kernel and must agree to rounding. On a non-sm_90 GPU
+both runs use the mma.sync kernel. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdnn
+from helpers import PLATFORM, lax_conv64, rand
+from tolerances import relative_error, tolerance
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(PLATFORM != "gpu", reason="needs a CUDA GPU")]
+
+# (name, spatial, N, C, K, groups, filter, stride, dilation, padding)
+CASES = [
+    ("c64k72_odd", (13, 11), 3, 64, 72, 1, (3, 3), (1, 1), (1, 1), [(1, 1), (1, 1)]),
+    ("g2_c128k96_s2_d2", (15, 14), 2, 128, 96, 2, (3, 3), (2, 2), (2, 2), [(2, 2), (1, 2)]),
+    ("c192k256_5x5", (9, 10), 2, 192, 256, 1, (5, 5), (1, 1), (1, 1), [(2, 2), (2, 2)]),
+    ("1x1_c64k64", (8, 8), 4, 64, 64, 1, (1, 1), (1, 1), (1, 1), [(0, 0), (0, 0)]),
+    ("r50_c4_like", (14, 14), 8, 256, 256, 1, (3, 3), (1, 1), (1, 1), [(1, 1), (1, 1)]),
+    ("1d_c64k128_k7", (50,), 2, 64, 128, 1, (7,), (1,), (1,), [(3, 3)]),
+    ("3d_c64k64", (5, 6, 7), 2, 64, 64, 1, (3, 3, 3), (1, 1, 1), (1, 1, 1), [(1, 1)] * 3),
+]
+DNUMS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
+
+
+@pytest.mark.parametrize("dtype,out_dtype", [(jnp.bfloat16, None), (jnp.float16, None),
+                                             (jnp.bfloat16, jnp.float32)],
+                         ids=["bf16", "f16", "bf16_to_f32"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_wgmma_forward_matches_oracle_and_mma_sync(case, dtype, out_dtype, monkeypatch):
+  _, spatial, n, c, k, g, filt, stride, dil, pad = case
+  x = rand((n, *spatial, c), dtype, seed=1)
+  w = rand((*filt, c // g, k), dtype, seed=2)
+  kw = dict(window_strides=stride, padding=pad, rhs_dilation=dil,
+            dimension_numbers=DNUMS[len(spatial)], feature_group_count=g)
+  f = jax.jit(lambda a, b: jaxdnn.conv(a, b, **kw, preferred_element_type=out_dtype,
+                                       algo="implicit_precomp_gemm"))
+  ref = lax_conv64(x, w, **kw)
+  y = f(x, w)
+  assert y.dtype == (out_dtype or dtype)
+  tol = tolerance(dtype, out_dtype)
+  assert relative_error(y, ref) < tol
+  monkeypatch.setenv("JAXDNN_NO_WGMMA", "1")  # read per call by the CUDA handler
+  y_mma = f(x, w)
+  assert relative_error(y_mma, ref) < tol
+  # both accumulate in fp32; only summation order and the final rounding differ
+  assert relative_error(y, y_mma) < tol
+
+
+def test_wgmma_forward_grad_and_vmap():
+  x = rand((2, 9, 9, 64), jnp.bfloat16, seed=3)
+  w = rand((3, 3, 64, 128), jnp.bfloat16, seed=4)
+  kw = dict(window_strides=(1, 1), padding="SAME", dimension_numbers=DNUMS[2])
+  conv = lambda a, b: jaxdnn.conv(a, b, **kw, algo="implicit_precomp_gemm")
+  ys = jax.vmap(conv, in_axes=(None, 0))(x, jnp.stack([w, -w]))
+  ref = lax_conv64(x, w, **kw)
+  assert relative_error(ys[0], ref) < tolerance(jnp.bfloat16)
+  assert relative_error(ys[1], -ref) < tolerance(jnp.bfloat16)
+  gw = jax.grad(lambda b: jnp.sum(conv(x, b).astype(jnp.float32) ** 2))(w)
+  gref = jax.grad(lambda b: jnp.sum(lax_conv64(x, b, **kw) ** 2))(w.astype(jnp.float64))
+  assert relative_error(gw, gref) < 5e-2
