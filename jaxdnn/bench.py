@@ -262,7 +262,9 @@ def torch_time(L, op, dtype_name, k_ops, repeats):
 
 
 def git_commit():
-  """The commit of the git checkout in the working directory ("unknown" outside one)."""
+  """$JAXDNN_COMMIT, else the commit of the git checkout in the working directory ("unknown")."""
+  if os.environ.get("JAXDNN_COMMIT"):
+    return os.environ["JAXDNN_COMMIT"]
   try:
     return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
                                    stderr=subprocess.DEVNULL).decode().strip()
@@ -300,11 +302,13 @@ class _Progress:
 
 
 def run_benchmark(layers, *, plat, dtypes, ops, families, with_lax, k_ops, repeats, budget,
-                  inner, progress=True):
+                  inner, progress=True, time_limit=None):
   """Measures every (dtype, layer, op, implementation); returns CSV rows (dicts of strings).
 
-  Layers with identical geometry are measured once (a sweep repeats its base layer).
+  Layers with identical geometry are measured once (a sweep repeats its base layer). With
+  `time_limit` (seconds), measuring stops once it is spent and the rows so far are returned.
   """
+  stop_at = None if time_limit is None else time.monotonic() + time_limit
   lower_plat = "cuda" if plat == "gpu" else plat
   impls = (["lax"] if with_lax else []) + list(families)
   if plat == "gpu" and torch_available():
@@ -328,6 +332,10 @@ def run_benchmark(layers, *, plat, dtypes, ops, families, with_lax, k_ops, repea
             name = getattr(impl, "name", impl)
             bar.step(f"{dname} {L['name']} {op} {name}")
             key = (*shape_key, op, name)
+            if stop_at is not None and time.monotonic() > stop_at:
+              print(f"time limit reached: stopping before {dname} {L['name']} {op} {name}",
+                    flush=True)
+              return rows
             if key in done:
               rows.append(dict(done[key], **base))
               continue
@@ -536,6 +544,8 @@ def _parser():
   ap.add_argument("--repeats", type=int, default=None,
                   help="timing samples, at most (default: 20 on GPU, 5 on CPU)")
   ap.add_argument("--budget", type=float, default=3.0, help="seconds per measurement, at most")
+  ap.add_argument("--time-limit", type=float, default=None,
+                  help="stop measuring after this many seconds and report what was measured")
   ap.add_argument("--inner", type=int, default=None,
                   help="calls issued back to back per timing sample (default: 5 on GPU, 1 on CPU)")
   ap.add_argument("--no-lax", action="store_true", help="leave lax.conv out")
@@ -584,7 +594,8 @@ def main(argv=None) -> int:
   print(header, flush=True)
   rows = run_benchmark(layers, plat=plat, dtypes=dtypes, ops=ops, families=families,
                        with_lax=not args.no_lax, k_ops=k_ops, repeats=repeats,
-                       budget=args.budget, inner=inner, progress=not args.no_progress)
+                       budget=args.budget, inner=inner, progress=not args.no_progress,
+                       time_limit=args.time_limit)
   if args.csv:
     write_csv(rows, args.csv)
   table = markdown_table(rows, header)
