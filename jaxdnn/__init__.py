@@ -20,6 +20,7 @@ from jaxdnn._src.primitives.conv import (  # noqa: E402
     conv_forward,
 )
 from jaxdnn.conv import conv  # noqa: E402
+from jaxdnn.conv_transpose import conv_transpose  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -33,4 +34,5 @@ __all__ = [
     "conv_backward_data",
     "conv_backward_filter",
     "conv_forward",
+    "conv_transpose",
 ]
