@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxdnn
-from helpers import PLATFORM, lax_conv64, rand
+from helpers import PLATFORM, lax_conv64, lax_conv_hi, rand
 from tolerances import relative_error, tolerance
 
 pytestmark = [pytest.mark.gpu,
@@ -66,5 +66,6 @@ def test_wgmma_forward_grad_and_vmap():
   assert relative_error(ys[0], ref) < tolerance(jnp.bfloat16)
   assert relative_error(ys[1], -ref) < tolerance(jnp.bfloat16)
   gw = jax.grad(lambda b: jnp.sum(conv(x, b).astype(jnp.float32) ** 2))(w)
-  gref = jax.grad(lambda b: jnp.sum(lax_conv64(x, b, **kw) ** 2))(w.astype(jnp.float64))
+  x64 = x.astype(jnp.float64)
+  gref = jax.grad(lambda b: jnp.sum(lax_conv_hi(x64, b, **kw) ** 2))(w.astype(jnp.float64))
   assert relative_error(gw, gref) < 5e-2
