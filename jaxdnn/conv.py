@@ -141,6 +141,19 @@ def _batch_groups_into_channels(x, layout: Layout, batch_group_count: int):
   return x.reshape(*x.shape[:ch], x.shape[ch] * x.shape[ch + 1], *x.shape[ch + 2:])
 
 
+def explicit_padding(padding, nsd: int) -> list[tuple[int, int]]:
+  """`padding` as one (low, high) integer pair per spatial dimension, or a clear error."""
+  try:
+    pads = [tuple(operator.index(v) for v in pair) for pair in padding]
+  except TypeError:
+    raise TypeError(f"padding must be a string or a sequence of (low, high) integer pairs, got "
+                    f"{padding!r}") from None
+  if len(pads) != nsd or any(len(p) != 2 for p in pads):
+    raise ValueError(f"padding must have one (low, high) pair per spatial dimension ({nsd}), "
+                     f"got {padding!r}")
+  return pads
+
+
 def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rhs_dilation=None,
          dimension_numbers=None, feature_group_count: int = 1, batch_group_count: int = 1,
          precision=None, preferred_element_type=None, *, algo: ConvAlgo | str = "auto"):
@@ -226,14 +239,7 @@ def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rh
     effective_filter = [(k - 1) * d + 1 for k, d in zip(filter_spatial, rhs_dilation)]
     pads = lax.padtype_to_pads(in_spatial, effective_filter, window_strides, padding.upper())
   else:
-    try:
-      pads = [tuple(operator.index(v) for v in pair) for pair in padding]
-    except TypeError:
-      raise TypeError(f"padding must be a string or a sequence of (low, high) integer pairs, got "
-                      f"{padding!r}") from None
-    if len(pads) != nsd or any(len(p) != 2 for p in pads):
-      raise ValueError(f"padding must have one (low, high) pair per spatial dimension ({nsd}), "
-                       f"got {padding!r}")
+    pads = explicit_padding(padding, nsd)
   pad_lo = tuple(int(p[0]) for p in pads)
   pad_hi = tuple(int(p[1]) for p in pads)
 

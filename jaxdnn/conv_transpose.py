@@ -7,14 +7,13 @@ transpose_kernel, the kernel are rewritten first.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 
 import jax.numpy as jnp
 from jax import lax
 
 from jaxdnn._src.algorithms import ConvAlgo
-from jaxdnn.conv import _int_tuple, _positive_int, conv
+from jaxdnn.conv import _int_tuple, _positive_int, conv, explicit_padding
 
 # lax.conv_transpose's defaults (the TensorFlow convention), by rank.
 _DEFAULT_DIMENSION_NUMBERS = {
@@ -121,14 +120,7 @@ def conv_transpose(lhs, rhs, strides: Sequence[int], padding, rhs_dilation=None,
                        f"{padding!r}")
     pads = [transpose_padding(k, s, mode) for k, s in zip(dilated_kernel, strides)]
   else:
-    try:
-      pads = [tuple(operator.index(v) for v in pair) for pair in padding]
-    except TypeError:
-      raise TypeError(f"padding must be a string or a sequence of (low, high) integer pairs, got "
-                      f"{padding!r}") from None
-    if len(pads) != nsd or any(len(p) != 2 for p in pads):
-      raise ValueError(f"padding must have one (low, high) pair per spatial dimension ({nsd}), "
-                       f"got {padding!r}")
+    pads = explicit_padding(padding, nsd)
   pads = [(lo, hi + extra) for (lo, hi), extra in zip(pads, output_padding)]
 
   if transpose_kernel:
