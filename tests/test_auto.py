@@ -22,12 +22,19 @@ CPU_CASES = [
     ("mnist-c1", ConvOp.FORWARD, _geometry(28, 5), 64, 1, 32, ConvAlgo.DIRECT),
     ("pointwise", ConvOp.FORWARD, _geometry(56, 1), 4, 64, 256, ConvAlgo.GEMM),
     ("pointwise-wgrad", ConvOp.BACKWARD_FILTER, _geometry(7, 1), 4, 512, 2048, ConvAlgo.GEMM),
-    ("dense-3x3", ConvOp.FORWARD, _geometry(56, 3), 4, 64, 64, ConvAlgo.DIRECT),
+    ("dense-3x3", ConvOp.FORWARD, _geometry(56, 3), 4, 64, 64, ConvAlgo.WINOGRAD_NONFUSED),
+    ("narrow-3x3", ConvOp.FORWARD, _geometry(56, 3), 4, 32, 32, ConvAlgo.DIRECT),
     ("strided-dgrad", ConvOp.BACKWARD_DATA, _geometry(56, 3, stride=2), 4, 128, 128,
      ConvAlgo.IMPLICIT_GEMM),
     ("big-filter-wgrad", ConvOp.BACKWARD_FILTER, _geometry(14, 3), 4, 256, 256,
+     ConvAlgo.WINOGRAD_NONFUSED),
+    ("big-filter-wgrad-5x5", ConvOp.BACKWARD_FILTER, _geometry(14, 5), 4, 256, 256,
      ConvAlgo.IMPLICIT_PRECOMP_GEMM),
-    ("many-pixels-wgrad", ConvOp.BACKWARD_FILTER, _geometry(56, 3), 4, 64, 64, ConvAlgo.DIRECT),
+    ("many-pixels-wgrad", ConvOp.BACKWARD_FILTER, _geometry(56, 3), 4, 64, 64,
+     ConvAlgo.WINOGRAD_NONFUSED),
+    ("many-pixels-wgrad-5x5", ConvOp.BACKWARD_FILTER, _geometry(56, 5), 4, 64, 64,
+     ConvAlgo.DIRECT),
+    ("strided-3x3-fwd", ConvOp.FORWARD, _geometry(56, 3, stride=2), 4, 128, 128, ConvAlgo.DIRECT),
 ]
 
 

@@ -10,7 +10,7 @@ from jax import lax
 
 import jaxdnn
 from grid import GRID, GRID_PARAMS, NCHW, NHWC, Case
-from helpers import (FAMILIES, KERNEL_LESS, PLATFORM, algo_id, algo_params, jaxdnn_eqns,
+from helpers import (FAMILIES, GENERAL_FAMILIES, KERNEL_LESS, PLATFORM, algo_id, algo_params, jaxdnn_eqns,
                      lax_conv64, problems, rand, require_supported)
 from jaxdnn._src import algorithms
 from jaxdnn._src.geometry import ConvGeometry, ConvOp, Layout
@@ -124,8 +124,8 @@ def _all_ops(case: Case, dtype, preferred=None):
 
 @pytest.mark.parametrize("case", GRID_PARAMS)
 def test_cpu_families_support_the_whole_grid(case):
-  """On the CPU, all four families run forward, backward-data and backward-filter of every
-  geometry of the grid, in every dtype."""
+  """On the CPU, the four general families run forward, backward-data and backward-filter of
+  every geometry of the grid, in every dtype (WINOGRAD_NONFUSED: test_winograd.py)."""
   for dtype, preferred in ((F64, None), (F32, None), (BF16, None), (F16, None), (BF16, F32)):
     x = jnp.zeros(case.lhs, dtype)
     w = jnp.zeros(case.rhs, dtype)
@@ -133,11 +133,11 @@ def test_cpu_families_support_the_whole_grid(case):
     ops = {p[0] for p in probs}
     assert ops == {ConvOp.FORWARD, ConvOp.BACKWARD_DATA, ConvOp.BACKWARD_FILTER}, ops
     for op, g, n, c, k, kin, kout, prec in probs:
-      for family in FAMILIES:
+      for family in GENERAL_FAMILIES:
         why = algorithms.unsupported_reason("cpu", op, family, g, n, c, k, kin, kout, prec)
         assert why == "", f"{family.name} {op.name} {dtype}: {why}"
       able = algorithms.supported_algorithms("cpu", op, g, n, c, k, kin, kout, prec)
-      assert set(FAMILIES) <= set(able)
+      assert set(GENERAL_FAMILIES) <= set(able)
       assert algorithms.choose_algorithm("cpu", op, "auto", g, n, c, k, kin, kout,
                                          prec) in FAMILIES
 

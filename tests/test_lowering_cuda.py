@@ -15,7 +15,7 @@ from jax import lax
 
 import jaxdnn
 from grid import NCHW, NCW, NDHWC, NHWC
-from helpers import FAMILIES, algo_id, lax_conv64, problems, rand
+from helpers import GENERAL_FAMILIES, algo_id, lax_conv64, problems, rand
 from jaxdnn._src import algorithms, ffi
 from tolerances import BF16, F32, assert_close, tolerance
 
@@ -85,7 +85,7 @@ def _check_lowering(text, op, algo):
 @needs_cuda_extension
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("algo", [*FAMILIES, "auto"], ids=algo_id)
+@pytest.mark.parametrize("algo", [*GENERAL_FAMILIES, "auto"], ids=algo_id)
 def test_cuda_lowering_simple_geometry(algo, dtype, op):
   x, w, conv, c = _setup(SIMPLE, dtype, algo)
   fn = _op_fn(op, conv, c)
@@ -99,7 +99,7 @@ def test_cuda_lowering_simple_geometry(algo, dtype, op):
 @needs_cuda_extension
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("case", list(OTHERS))
-@pytest.mark.parametrize("algo", [*FAMILIES, "auto"], ids=algo_id)
+@pytest.mark.parametrize("algo", [*GENERAL_FAMILIES, "auto"], ids=algo_id)
 def test_cuda_lowering_other_geometries(algo, case, op):
   x, w, conv, c = _setup(OTHERS[case], F32, algo)
   fn = _op_fn(op, conv, c)
@@ -139,7 +139,7 @@ def test_lowering_platforms_api_available():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("algo", [*FAMILIES, "auto"], ids=algo_id)
+@pytest.mark.parametrize("algo", [*GENERAL_FAMILIES, "auto"], ids=algo_id)
 def test_gpu_executes_jaxdnn_cuda_kernels(algo, dtype):
   """On a GPU machine: the CUDA extension is there, and the compiled program runs its kernels."""
   assert CUDA is not None, "GPU backend but no jaxdnn CUDA extension"

@@ -129,6 +129,7 @@ size_t algo_workspace_bytes(ConvOp op, ConvAlgo algo, const ConvProblem& p, size
     case ConvAlgo::kGemm: return gemm_workspace_bytes(op, p, elem);
     case ConvAlgo::kImplicitGemm: return implicit_gemm_workspace_bytes(op, p, elem, false);
     case ConvAlgo::kImplicitPrecompGemm: return implicit_gemm_workspace_bytes(op, p, elem, true);
+    case ConvAlgo::kWinogradNonfused: return winograd_nonfused_workspace_bytes(op, p, elem);
     default: return 0;
   }
 }
@@ -182,6 +183,7 @@ void run_typed(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType o
     case ConvAlgo::kGemm: gemm_conv<T>(op, p, io); break;
     case ConvAlgo::kImplicitGemm: implicit_gemm_conv<T>(op, p, io, false); break;
     case ConvAlgo::kImplicitPrecompGemm: implicit_gemm_conv<T>(op, p, io, true); break;
+    case ConvAlgo::kWinogradNonfused: winograd_nonfused_conv<T>(op, p, io); break;
     default: break;
   }
   if (out_dtype != acc) narrow(out_t, out_dtype, out, nout);
@@ -198,6 +200,8 @@ std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
     case ConvAlgo::kImplicitGemm:
     case ConvAlgo::kImplicitPrecompGemm:
       return "";
+    case ConvAlgo::kWinogradNonfused:
+      return winograd_unsupported(p);
     default:
       return std::string(conv_algo_name(algo)) + " has no CPU kernel yet";
   }

@@ -41,6 +41,16 @@ template <typename T> void implicit_gemm_conv(ConvOp op, const ConvProblem& p,
 size_t implicit_gemm_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes,
                                      bool precomputed);
 
+// WINOGRAD_NONFUSED (conv_winograd.cc): F(4x4, 3x3) or F(2x2, 3x3) transforms through workspace,
+// the per-point channel contractions as gemm() products. 2-D 3x3 filters, stride 1, no dilation.
+template <typename T> void winograd_nonfused_conv(ConvOp op, const ConvProblem& p,
+                                                  const ConvOperands<T>& io);
+size_t winograd_nonfused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes);
+// "" when the Winograd kernels handle the geometry of p, else the reason.
+std::string winograd_unsupported(const ConvProblem& p);
+// Output tile edge (4 or 2) the kernel uses for (op, p).
+int winograd_tile(ConvOp op, const ConvProblem& p);
+
 // Support predicate of the CPU backend: "" when `algo` can run `op` on `p`, else the reason.
 std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p);
 

@@ -1,0 +1,455 @@
+// WINOGRAD_NONFUSED family: minimal filtering F(m x m, 3 x 3), m = 4 or 2, in separate passes
+// through the workspace, with the per-point channel contractions as matrix products (gemm.h).
+//
+// 1-D minimal filtering F(m, 3) evaluates the correlation y[i] = sum_r g[r] d[i + r], i < m, from
+// an input tile of a = m + 2 samples with a multiplications (polynomial interpolation at a points):
+//   y = AT [ (G g) .* (BT d) ],   AT: m x a,  G: a x 3,  BT: a x a.
+// Nesting it along rows and columns gives the 2-D tile formula for an m x m output tile:
+//   Y = AT [ U .* V ] AT^T,   U = G g G^T (filter, a x a),   V = BT d BT^T (input tile, a x a).
+// Summed over input channels c, output channel k of a tile is AT [ sum_c U[c][k] .* V[c] ] AT^T: for
+// each of the a*a points xi, sum_c V[xi][tile][c] * U[xi][c][k] is a matrix product with
+// M = tiles, N = K/G, K = C/G (per group). So a forward pass is
+//   1. filter transform U[xi][g][c][k] (workspace),
+//   2. input transform V[xi][tile][c] for a chunk of tiles (workspace),
+//   3. a*a*G products Mo[xi][tile][k] = V[xi] * U[xi] (gemm()),
+//   4. output transform Y = AT Mo AT^T, cropped to the output extent.
+// Tile geometry: output tile (i, j) of a plane covers output rows [i*m, i*m + m) and columns
+// [j*m, j*m + m); it reads input rows i*m - pad_lo + [0, a) (zero outside the image: padding, or
+// rows only cropped outputs read), and likewise columns. Images smaller than a tile are one tile.
+//
+// Backward-data is the same pass on dy with the spatially flipped, channel-swapped filter
+// w'(r, s, k, c) = w(2 - r, 2 - s, c, k) and padding 2 - pad (stride 1).
+// Backward-filter is the adjoint of the forward in the filter: with Dy = AT^T dy_tile AT (a x a),
+//   <dy, AT (U .* V) AT^T> = <Dy .* V, G g G^T> = <G^T (Dy .* V) G, g>, so
+//   dw[c][k] = G^T [ sum_tiles V[c] .* Dy[k] ] G,
+// where the sum over tiles is, per point xi, the product V[xi]^T * Dy[xi] (reduction over tiles).
+//
+// Points: F(2, 3) interpolates at 0, 1, -1, inf; F(4, 3) at 0, 1, -1, 2, -2, inf. F(4x4) does
+// 36 multiplications per 16 outputs (2.25 per output against 9 for direct), F(2x2) 16 per 4 (4).
+// F(4x4)'s larger constants cost accuracy (measured float32 relative errors against float64 in
+// tests/test_winograd.py and algorithms.py's notes); tile_m() below picks the tile per problem.
+//
+// The 3-D descriptor is handled with depth 1-filters only: each depth slice is an independent plane.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "conv_cpu.h"
+#include "gemm.h"
+#include "parallel.h"
+
+namespace jaxdnn::cpu {
+namespace {
+
+template <int I, int J>
+struct Mat {
+  double v[I][J];
+};
+
+template <int I, int J>
+constexpr Mat<J, I> transposed(const Mat<I, J>& m) {
+  Mat<J, I> t{};
+  for (int i = 0; i < I; ++i)
+    for (int j = 0; j < J; ++j) t.v[j][i] = m.v[i][j];
+  return t;
+}
+
+// Transform matrices of F(m, 3): BT (input), G (filter), AT (output).
+template <int M>
+struct Wino;
+
+template <>
+struct Wino<2> {
+  static constexpr int A = 4;
+  // Points 0, 1, -1, inf.
+  static constexpr Mat<4, 4> BT{{{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}}};
+  static constexpr Mat<4, 3> G{{{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}}};
+  static constexpr Mat<2, 4> AT{{{1, 1, 1, 0}, {0, 1, -1, -1}}};
+};
+
+template <>
+struct Wino<4> {
+  static constexpr int A = 6;
+  // Points 0, 1, -1, 2, -2, inf. Row i of BT holds the coefficients of the Lagrange-style basis
+  // for point i (times a common scale moved into G), AT row j evaluates x^j at the points.
+  static constexpr Mat<6, 6> BT{{{4, 0, -5, 0, 1, 0},
+                                 {0, -4, -4, 1, 1, 0},
+                                 {0, 4, -4, -1, 1, 0},
+                                 {0, -2, -1, 2, 1, 0},
+                                 {0, 2, -1, -2, 1, 0},
+                                 {0, 4, 0, -5, 0, 1}}};
+  static constexpr Mat<6, 3> G{{{1.0 / 4, 0, 0},
+                                {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                {0, 0, 1}}};
+  static constexpr Mat<4, 6> AT{{{1, 1, 1, 1, 1, 0},
+                                 {0, 1, -1, 2, -2, 0},
+                                 {0, 1, 1, 4, 4, 0},
+                                 {0, 1, -1, 8, -8, 1}}};
+};
+
+// Channels transformed together (one vector register of floats).
+constexpr int kCB = 16;
+// Workspace for the transformed input and output of one chunk of tiles.
+constexpr int64_t kChunkBytes = int64_t{3} << 20;
+
+// y[i][j][c] = sum_{u, v} L[i][u] x[u][v][c] R[j][v] for all kCB channels c (x: [U][V][kCB],
+// y: [I][J][kCB]). The matrices are compile-time constants, so zero terms fold away.
+template <typename T, int I, int U, int J, int V>
+__attribute__((always_inline)) inline void sandwich(const Mat<I, U>& L, const Mat<J, V>& R,
+                                                    const T* x, T* y) {
+  T tmp[I][V][kCB];
+#pragma GCC unroll 8
+  for (int i = 0; i < I; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      T acc[kCB] = {};
+#pragma GCC unroll 8
+      for (int u = 0; u < U; ++u) {
+        if (L.v[i][u] == 0) continue;
+        const T l = T(L.v[i][u]);
+        for (int c = 0; c < kCB; ++c) acc[c] += l * x[(u * V + v) * kCB + c];
+      }
+      std::memcpy(tmp[i][v], acc, sizeof(acc));
+    }
+#pragma GCC unroll 8
+  for (int i = 0; i < I; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) {
+      T acc[kCB] = {};
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        if (R.v[j][v] == 0) continue;
+        const T r = T(R.v[j][v]);
+        for (int c = 0; c < kCB; ++c) acc[c] += r * tmp[i][v][c];
+      }
+      std::memcpy(y + (i * J + j) * kCB, acc, sizeof(acc));
+    }
+}
+
+// dst[0, kCB) = src[c * stride] for c < n, zero beyond (a whole contiguous block is one copy).
+template <typename T>
+inline void load_block(T* dst, const T* src, int64_t stride, int64_t n) {
+  if (n == kCB && stride == 1) {
+    std::memcpy(dst, src, sizeof(T) * kCB);
+    return;
+  }
+  for (int64_t c = 0; c < n; ++c) dst[c] = src[c * stride];
+  for (int64_t c = n; c < kCB; ++c) dst[c] = T(0);
+}
+
+// dst[c * stride] = src[c] for c < n.
+template <typename T>
+inline void store_block(T* dst, const T* src, int64_t stride, int64_t n) {
+  if (n == kCB && stride == 1) {
+    std::memcpy(dst, src, sizeof(T) * kCB);
+    return;
+  }
+  for (int64_t c = 0; c < n; ++c) dst[c * stride] = src[c];
+}
+
+// One forward-shaped pass: `in` (Ci channels, H x W planes) correlated with a 3x3 filter into
+// `out` (Co channels, P x Q planes), padding pad_h / pad_w before the first row / column.
+struct Pass {
+  int64_t planes = 0, depth = 1;  // planes = N * depth (depth slices are independent)
+  int64_t H = 0, W = 0, P = 0, Q = 0, pad_h = 0, pad_w = 0;
+  int64_t Ci = 0, Co = 0, G = 1;
+  ActStrides is{}, os{};
+  int64_t Cig() const { return Ci / G; }
+  int64_t Cog() const { return Co / G; }
+  // Offset of plane `pl` (= n * depth + d) in a tensor with strides s.
+  int64_t plane_off(const ActStrides& s, int64_t pl) const {
+    return (pl / depth) * s.n + (pl % depth) * s.sp[0];
+  }
+};
+
+int64_t tiles_of(const Pass& ps, int m) {
+  return ps.planes * ((ps.P + m - 1) / m) * ((ps.Q + m - 1) / m);
+}
+
+// Tiles per chunk: the transformed input and output of a chunk take about kChunkBytes.
+int64_t chunk_tiles(int64_t tiles, int a, int64_t ch_in, int64_t ch_out, size_t elem) {
+  const int64_t per_tile = int64_t{a} * a * (ch_in + ch_out) * static_cast<int64_t>(elem);
+  const int64_t tb = std::max<int64_t>(96, kChunkBytes / std::max<int64_t>(per_tile, 1));
+  return std::max<int64_t>(1, std::min(tiles, tb));
+}
+
+// The pass of an operation: forward reads x and writes y; backward-data reads dy and writes dx;
+// backward-filter's tiles are the forward's (input x, output extent of dy).
+Pass make_pass(ConvOp op, const ConvProblem& p) {
+  const bool nhwc = p.layout == Layout::kNHWC;
+  Pass ps;
+  ps.depth = p.in[0];
+  ps.planes = p.N * p.in[0];
+  ps.G = p.G;
+  if (op == ConvOp::kBackwardData) {
+    ps.H = p.out[1], ps.W = p.out[2], ps.P = p.in[1], ps.Q = p.in[2];
+    ps.pad_h = 2 - p.pad_lo[1], ps.pad_w = 2 - p.pad_lo[2];
+    ps.Ci = p.K, ps.Co = p.C;
+    ps.is = act_strides(nhwc, p.K, p.out);
+    ps.os = act_strides(nhwc, p.C, p.in);
+  } else {
+    ps.H = p.in[1], ps.W = p.in[2], ps.P = p.out[1], ps.Q = p.out[2];
+    ps.pad_h = p.pad_lo[1], ps.pad_w = p.pad_lo[2];
+    ps.Ci = p.C, ps.Co = p.K;
+    ps.is = act_strides(nhwc, p.C, p.in);
+    ps.os = act_strides(nhwc, p.K, p.out);
+  }
+  return ps;
+}
+
+// The output tile edge: F(4x4, 3x3) unless the pass output is smaller than 4 on a side (where a
+// 4x4 tile is mostly cropped and F(2x2, 3x3) does fewer multiplications).
+int tile_m(const Pass& ps) { return std::min(ps.P, ps.Q) >= 4 ? 4 : 2; }
+
+// The 3x3 filter of a pass as strides: element (group g, pass input channel c, pass output
+// channel k, tap (r, s)) at w[g * sg + c * sc + k * sk + r * sr + s * ss + base].
+// Forward: NHWC w[R][S][Cg][K], NCHW w[K][Cg][R][S]. Backward-data reads the forward filter
+// flipped and channel-swapped, w'(r, s, c, k) = w(2 - r, 2 - s, k, c): swap sc and sk, negate sr
+// and ss and start at tap (2, 2).
+struct FilterView {
+  int64_t sg, sc, sk, sr, ss, base;
+};
+
+FilterView filter_view(const ConvProblem& p, bool flip_swap) {
+  const int64_t Cg = p.Cg(), Kg = p.Kg(), K = p.K;
+  FilterView f = p.layout == Layout::kNHWC ? FilterView{Kg, K, 1, 3 * Cg * K, Cg * K, 0}
+                                           : FilterView{Kg * Cg * 9, 9, Cg * 9, 3, 1, 0};
+  if (flip_swap) {
+    std::swap(f.sc, f.sk);
+    f.base = 2 * f.sr + 2 * f.ss;
+    f.sr = -f.sr;
+    f.ss = -f.ss;
+  }
+  return f;
+}
+
+// Input transform of tiles [t0, t0 + nt) of `in` into V[xi][t - t0][ci] (row stride Ci, point
+// stride TB * Ci).
+template <typename T, int M>
+void input_transform(const Pass& ps, const T* in, int64_t t0, int64_t nt, int64_t TB, T* V) {
+  constexpr int A = Wino<M>::A;
+  const int64_t th = (ps.P + M - 1) / M, tw = (ps.Q + M - 1) / M;
+  parallel_for(nt, [&](int64_t b, int64_t e) {
+    alignas(64) T d[A * A * kCB], v[A * A * kCB];
+    for (int64_t tt = b; tt < e; ++tt) {
+      const int64_t t = t0 + tt, pl = t / (th * tw), ti = t / tw % th, tj = t % tw;
+      const T* base = in + ps.plane_off(ps.is, pl);
+      const int64_t h0 = ti * M - ps.pad_h, w0 = tj * M - ps.pad_w;
+      for (int64_t c0 = 0; c0 < ps.Ci; c0 += kCB) {
+        const int64_t cb = std::min<int64_t>(kCB, ps.Ci - c0);
+        for (int u = 0; u < A; ++u)
+          for (int q = 0; q < A; ++q) {
+            T* dst = d + (u * A + q) * kCB;
+            const int64_t h = h0 + u, w = w0 + q;
+            if (h < 0 || h >= ps.H || w < 0 || w >= ps.W) {
+              std::fill(dst, dst + kCB, T(0));
+              continue;
+            }
+            load_block(dst, base + h * ps.is.sp[1] + w * ps.is.sp[2] + c0 * ps.is.c, ps.is.c, cb);
+          }
+        sandwich<T>(Wino<M>::BT, Wino<M>::BT, d, v);
+        for (int xi = 0; xi < A * A; ++xi)
+          store_block(V + (xi * TB + tt) * ps.Ci + c0, v + xi * kCB, 1, cb);
+      }
+    }
+  }, 4);
+}
+
+template <typename T, int M>
+void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterView& wf,
+                  void* workspace) {
+  constexpr int A = Wino<M>::A, A2 = A * A;
+  const int64_t G = ps.G, Cg = ps.Cig(), Kg = ps.Cog();
+  const int64_t tiles = tiles_of(ps, M);
+  if (tiles == 0) return;  // empty output
+  const int64_t TB = chunk_tiles(tiles, A, ps.Ci, ps.Co, sizeof(T));
+  T* U = static_cast<T*>(workspace);            // [A2][G][Cg][Kg]
+  T* V = U + A2 * G * Cg * Kg;                  // [A2][TB][Ci]
+  T* Mo = V + A2 * TB * ps.Ci;                  // [A2][TB][Co]
+  // 1. U = G g G^T per (group, input channel, block of output channels).
+  const int64_t kblocks = (Kg + kCB - 1) / kCB;
+  parallel_for(G * Cg * kblocks, [&](int64_t b, int64_t e) {
+    alignas(64) T g9[9 * kCB], u[A2 * kCB];
+    for (int64_t idx = b; idx < e; ++idx) {
+      const int64_t g = idx / (Cg * kblocks), c = idx / kblocks % Cg, k0 = idx % kblocks * kCB;
+      const int64_t kb = std::min<int64_t>(kCB, Kg - k0);
+      const T* src = w + wf.base + g * wf.sg + c * wf.sc + k0 * wf.sk;
+      for (int r = 0; r < 3; ++r)
+        for (int s = 0; s < 3; ++s)
+          load_block(g9 + (r * 3 + s) * kCB, src + r * wf.sr + s * wf.ss, wf.sk, kb);
+      sandwich<T>(Wino<M>::G, Wino<M>::G, g9, u);
+      for (int xi = 0; xi < A2; ++xi)
+        store_block(U + ((xi * G + g) * Cg + c) * Kg + k0, u + xi * kCB, 1, kb);
+    }
+  }, 4);
+  const int64_t th = (ps.P + M - 1) / M, tw = (ps.Q + M - 1) / M;
+  for (int64_t t0 = 0; t0 < tiles; t0 += TB) {
+    const int64_t nt = std::min(TB, tiles - t0);
+    input_transform<T, M>(ps, in, t0, nt, TB, V);
+    // 3. Mo[xi] = V[xi] * U[xi], per group (each product on one thread).
+    parallel_for(A2 * G, [&](int64_t b, int64_t e) {
+      for (int64_t idx = b; idx < e; ++idx) {
+        const int64_t xi = idx / G, g = idx % G;
+        gemm<T>(false, false, nt, Kg, Cg, T(1), V + xi * TB * ps.Ci + g * Cg, ps.Ci,
+                U + (xi * G + g) * Cg * Kg, Kg, T(0), Mo + xi * TB * ps.Co + g * Kg, ps.Co);
+      }
+    }, 1, 1);
+    // 4. Y = AT Mo AT^T, cropped to P x Q.
+    parallel_for(nt, [&](int64_t b, int64_t e) {
+      alignas(64) T m[A2 * kCB], y[M * M * kCB];
+      for (int64_t tt = b; tt < e; ++tt) {
+        const int64_t t = t0 + tt, pl = t / (th * tw), ti = t / tw % th, tj = t % tw;
+        T* base = out + ps.plane_off(ps.os, pl);
+        const int64_t mh = std::min<int64_t>(M, ps.P - ti * M), mw = std::min<int64_t>(M, ps.Q - tj * M);
+        for (int64_t k0 = 0; k0 < ps.Co; k0 += kCB) {
+          const int64_t kb = std::min<int64_t>(kCB, ps.Co - k0);
+          for (int xi = 0; xi < A2; ++xi)
+            load_block(m + xi * kCB, Mo + (xi * TB + tt) * ps.Co + k0, 1, kb);
+          sandwich<T>(Wino<M>::AT, Wino<M>::AT, m, y);
+          for (int64_t i = 0; i < mh; ++i)
+            for (int64_t j = 0; j < mw; ++j) {
+              store_block(base + (ti * M + i) * ps.os.sp[1] + (tj * M + j) * ps.os.sp[2] +
+                              k0 * ps.os.c, y + (i * M + j) * kCB, ps.os.c, kb);
+            }
+        }
+      }
+    }, 4);
+  }
+}
+
+template <typename T, int M>
+void backward_filter(const ConvProblem& p, const T* x, const T* dy, T* dw, void* workspace) {
+  constexpr int A = Wino<M>::A, A2 = A * A;
+  static constexpr Mat<A, M> ATt = transposed(Wino<M>::AT);
+  static constexpr Mat<3, A> Gt = transposed(Wino<M>::G);
+  const Pass ps = make_pass(ConvOp::kBackwardFilter, p);
+  const bool nhwc = p.layout == Layout::kNHWC;
+  const int64_t G = p.G, Cg = p.Cg(), Kg = p.Kg(), C = p.C, K = p.K;
+  const int64_t tiles = tiles_of(ps, M);
+  if (tiles == 0) {
+    parallel_for(p.w_elems(), [&](int64_t b, int64_t e) { std::fill(dw + b, dw + e, T(0)); },
+                 int64_t{1} << 14);
+    return;
+  }
+  const int64_t TB = chunk_tiles(tiles, A, C, K, sizeof(T));
+  T* Macc = static_cast<T*>(workspace);  // [A2][G][Cg][Kg]: sum over tiles of V .* Dy
+  T* V = Macc + A2 * G * Cg * Kg;        // [A2][TB][C]
+  T* D = V + A2 * TB * C;                // [A2][TB][K]
+  const int64_t th = (ps.P + M - 1) / M, tw = (ps.Q + M - 1) / M;
+  for (int64_t t0 = 0; t0 < tiles; t0 += TB) {
+    const int64_t nt = std::min(TB, tiles - t0);
+    input_transform<T, M>(ps, x, t0, nt, TB, V);
+    // Dy = AT^T dy_tile AT, the dy tile zero past the output extent.
+    parallel_for(nt, [&](int64_t b, int64_t e) {
+      alignas(64) T d[M * M * kCB], v[A2 * kCB];
+      for (int64_t tt = b; tt < e; ++tt) {
+        const int64_t t = t0 + tt, pl = t / (th * tw), ti = t / tw % th, tj = t % tw;
+        const T* base = dy + ps.plane_off(ps.os, pl);
+        const int64_t mh = std::min<int64_t>(M, ps.P - ti * M), mw = std::min<int64_t>(M, ps.Q - tj * M);
+        for (int64_t k0 = 0; k0 < K; k0 += kCB) {
+          const int64_t kb = std::min<int64_t>(kCB, K - k0);
+          for (int i = 0; i < M; ++i)
+            for (int j = 0; j < M; ++j) {
+              T* dst = d + (i * M + j) * kCB;
+              if (i >= mh || j >= mw) {
+                std::fill(dst, dst + kCB, T(0));
+                continue;
+              }
+              load_block(dst, base + (ti * M + i) * ps.os.sp[1] + (tj * M + j) * ps.os.sp[2] +
+                                  k0 * ps.os.c, ps.os.c, kb);
+            }
+          sandwich<T>(ATt, ATt, d, v);
+          for (int xi = 0; xi < A2; ++xi)
+            store_block(D + (xi * TB + tt) * K + k0, v + xi * kCB, 1, kb);
+        }
+      }
+    }, 4);
+    // Macc[xi][g] (+)= V[xi][:, g]^T * D[xi][:, g]  (reduction over the chunk's tiles).
+    parallel_for(A2 * G, [&](int64_t b, int64_t e) {
+      for (int64_t idx = b; idx < e; ++idx) {
+        const int64_t xi = idx / G, g = idx % G;
+        gemm<T>(true, false, Cg, Kg, nt, T(1), V + xi * TB * C + g * Cg, C,
+                D + xi * TB * K + g * Kg, K, t0 == 0 ? T(0) : T(1),
+                Macc + (xi * G + g) * Cg * Kg, Kg);
+      }
+    }, 1, 1);
+  }
+  // dw = G^T Macc G per (group, input channel, block of output channels).
+  const int64_t kblocks = (Kg + kCB - 1) / kCB;
+  parallel_for(G * Cg * kblocks, [&](int64_t b, int64_t e) {
+    alignas(64) T m[A2 * kCB], w9[9 * kCB];
+    for (int64_t idx = b; idx < e; ++idx) {
+      const int64_t g = idx / (Cg * kblocks), c = idx / kblocks % Cg, k0 = idx % kblocks * kCB;
+      const int64_t kb = std::min<int64_t>(kCB, Kg - k0);
+      for (int xi = 0; xi < A2; ++xi)
+        load_block(m + xi * kCB, Macc + ((xi * G + g) * Cg + c) * Kg + k0, 1, kb);
+      sandwich<T>(Gt, Gt, m, w9);
+      for (int rs = 0; rs < 9; ++rs)
+        for (int64_t k = 0; k < kb; ++k) {
+          const int64_t kk = k0 + k;
+          const int64_t off = nhwc ? (rs * Cg + c) * K + g * Kg + kk : ((g * Kg + kk) * Cg + c) * 9 + rs;
+          dw[off] = w9[rs * kCB + k];
+        }
+    }
+  }, 4);
+}
+
+template <typename T, int M>
+void run(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
+  switch (op) {
+    case ConvOp::kForward:
+    case ConvOp::kBackwardData:
+      forward_pass<T, M>(make_pass(op, p), io.a, io.out, io.b,
+                         filter_view(p, op == ConvOp::kBackwardData), io.workspace);
+      break;
+    case ConvOp::kBackwardFilter:
+      backward_filter<T, M>(p, io.a, io.b, io.out, io.workspace);
+      break;
+  }
+}
+
+}  // namespace
+
+std::string winograd_unsupported(const ConvProblem& p) {
+  if (p.filt[0] != 1 || p.filt[1] != 3 || p.filt[2] != 3)
+    return "Winograd kernels need a 2-D 3x3 filter (got " + std::to_string(p.filt[1]) + "x" +
+           std::to_string(p.filt[2]) + (p.filt[0] != 1 ? " with depth " + std::to_string(p.filt[0]) : "") + ")";
+  for (int a = 0; a < 3; ++a) {
+    if (p.stride[a] != 1) return "Winograd kernels need window_strides 1";
+    if (p.dilation[a] != 1) return "Winograd kernels need rhs_dilation 1";
+    if (p.lhs_dilation[a] != 1) return "Winograd kernels need lhs_dilation 1";
+  }
+  if (p.pad_lo[0] != 0 || p.pad_hi[0] != 0) return "Winograd kernels cannot pad the depth axis";
+  return "";
+}
+
+int winograd_tile(ConvOp op, const ConvProblem& p) { return tile_m(make_pass(op, p)); }
+
+size_t winograd_nonfused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes) {
+  if (!winograd_unsupported(p).empty()) return 0;
+  const Pass ps = make_pass(op, p);
+  const int m = tile_m(ps), a = m + 2;
+  const int64_t tiles = tiles_of(ps, m);
+  if (tiles == 0) return 0;
+  const int64_t TB = chunk_tiles(tiles, a, ps.Ci, ps.Co, elem_bytes);
+  // Filter transform (or wgrad accumulator) [a*a][G][Cg][Kg], then a chunk of transformed input
+  // [a*a][TB][Ci] and output (or dy) [a*a][TB][Co].
+  const int64_t elems = int64_t{a} * a * (p.C * p.Kg() + TB * (ps.Ci + ps.Co));
+  return static_cast<size_t>(elems) * elem_bytes;
+}
+
+template <typename T>
+void winograd_nonfused_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
+  if (winograd_tile(op, p) == 4)
+    run<T, 4>(op, p, io);
+  else
+    run<T, 2>(op, p, io);
+}
+
+template void winograd_nonfused_conv<float>(ConvOp, const ConvProblem&, const ConvOperands<float>&);
+template void winograd_nonfused_conv<double>(ConvOp, const ConvProblem&, const ConvOperands<double>&);
+
+}  // namespace jaxdnn::cpu
