@@ -11,7 +11,8 @@
 // M = tiles, N = K/G, K = C/G (per group). So a forward pass is
 //   1. filter transform U[xi][g][c][k] (workspace),
 //   2. input transform V[xi][tile][c] for a chunk of tiles (workspace),
-//   3. a*a*G products Mo[xi][tile][k] = V[xi] * U[xi] (gemm()),
+//   3. a*a*G products Mo[xi][tile][k] = V[xi] * U[xi] (gemm.h's macro kernel; U is written in
+//      gemm's packed-B panel format once, so no product repacks it),
 //   4. output transform Y = AT Mo AT^T, cropped to the output extent.
 // Tile geometry: output tile (i, j) of a plane covers output rows [i*m, i*m + m) and columns
 // [j*m, j*m + m); it reads input rows i*m - pad_lo + [0, a) (zero outside the image: padding, or
@@ -258,6 +259,50 @@ void input_transform(const Pass& ps, const T* in, int64_t t0, int64_t nt, int64_
   }, 4);
 }
 
+// One (point, group) filter matrix U (Cg x Kg) in gemm's packed-B format (gemm.h): blocks of KC
+// rows; in block b (kc rows), sliver s of NR columns at b * KC * Npad + s * kc * NR, element
+// (c, k) at + (c % KC) * NR + k % NR. Columns Kg..Npad are zero.
+template <typename T>
+struct PackedU {
+  int64_t Cg, Npad;
+  PackedU(int64_t cg, int64_t kg) : Cg(cg), Npad(gemm_round_up(kg, GemmShape<T>::NR)) {}
+  int64_t size() const { return Cg * Npad; }
+  int64_t off(int64_t c, int64_t k) const {
+    constexpr int KC = GemmShape<T>::KC, NR = GemmShape<T>::NR;
+    const int64_t b = c / KC, kc = std::min<int64_t>(KC, Cg - b * KC);
+    return b * KC * Npad + (k / NR) * kc * NR + (c % KC) * NR + k % NR;
+  }
+};
+
+// Mo[xi][:, g] (nt x Kg, row stride Co) = V[xi][:, g] (nt x Cg, row stride Ci) * U[xi][g], per
+// point xi, group g and block of MC tiles: pack the V block, run gemm's macro kernel on the
+// pre-packed U.
+template <typename T>
+void point_products(int64_t A2, int64_t G, int64_t nt, int64_t TB, int64_t Ci, int64_t Co,
+                    const PackedU<T>& pu, int64_t Kg, const T* V, const T* U, T* Mo) {
+  constexpr int MR = GemmShape<T>::MR, KC = GemmShape<T>::KC, MC = GemmShape<T>::MC;
+  const int64_t Cg = pu.Cg, mblocks = (nt + MC - 1) / MC;
+  parallel_for(A2 * G * mblocks, [&](int64_t b, int64_t e) {
+    T* Ap = gemm_scratch<T>(0, static_cast<size_t>(MC) * KC);
+    T* rows[MC];
+    for (int64_t idx = b; idx < e; ++idx) {
+      const int64_t xi = idx / (G * mblocks), g = idx / mblocks % G, i0 = idx % mblocks * MC;
+      const int64_t mc = std::min<int64_t>(MC, nt - i0), mpad = gemm_round_up(mc, MR);
+      const T* A = V + xi * TB * Ci + g * Cg;
+      const T* Bp = U + (xi * G + g) * pu.size();
+      T* C = Mo + xi * TB * Co + g * Kg;
+      for (int64_t i = 0; i < mc; ++i) rows[i] = C + (i0 + i) * Co;
+      for (int64_t k0 = 0, blk = 0; k0 < Cg; k0 += KC, ++blk) {
+        const int64_t kc = std::min<int64_t>(KC, Cg - k0);
+        gemm_pack_a_strided<T>(Ap, A, Ci, 1, i0, mc, k0, kc);
+        for (int64_t i = mc; i < mpad; ++i) std::memset(Ap + i * KC, 0, sizeof(T) * kc);
+        gemm_macro<T>(mc, Kg, kc, Ap, Bp + blk * KC * pu.Npad, T(1), blk == 0 ? T(0) : T(1),
+                      rows, 1, 0);
+      }
+    }
+  });
+}
+
 template <typename T, int M>
 void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterView& wf,
                   void* workspace) {
@@ -266,10 +311,14 @@ void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterV
   const int64_t tiles = tiles_of(ps, M);
   if (tiles == 0) return;  // empty output
   const int64_t TB = chunk_tiles(tiles, A, ps.Ci, ps.Co, sizeof(T));
-  T* U = static_cast<T*>(workspace);            // [A2][G][Cg][Kg]
-  T* V = U + A2 * G * Cg * Kg;                  // [A2][TB][Ci]
-  T* Mo = V + A2 * TB * ps.Ci;                  // [A2][TB][Co]
+  const PackedU<T> pu(Cg, Kg);
+  T* U = static_cast<T*>(workspace);  // [A2][G] packed Cg x Kg panels
+  T* V = U + A2 * G * pu.size();      // [A2][TB][Ci]
+  T* Mo = V + A2 * TB * ps.Ci;        // [A2][TB][Co]
   // 1. U = G g G^T per (group, input channel, block of output channels).
+  if (pu.Npad != Kg)
+    parallel_for(A2 * G * pu.size(), [&](int64_t b, int64_t e) { std::fill(U + b, U + e, T(0)); },
+                 int64_t{1} << 14);
   const int64_t kblocks = (Kg + kCB - 1) / kCB;
   parallel_for(G * Cg * kblocks, [&](int64_t b, int64_t e) {
     alignas(64) T g9[9 * kCB], u[A2 * kCB];
@@ -281,22 +330,24 @@ void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterV
         for (int s = 0; s < 3; ++s)
           load_block(g9 + (r * 3 + s) * kCB, src + r * wf.sr + s * wf.ss, wf.sk, kb);
       sandwich<T>(Wino<M>::G, Wino<M>::G, g9, u);
-      for (int xi = 0; xi < A2; ++xi)
-        store_block(U + ((xi * G + g) * Cg + c) * Kg + k0, u + xi * kCB, 1, kb);
+      for (int xi = 0; xi < A2; ++xi) {
+        T* dst = U + (xi * G + g) * pu.size();
+        if constexpr (GemmShape<T>::NR % kCB == 0) {
+          // A block of kCB columns lies contiguously inside one packed sliver.
+          store_block(dst + pu.off(c, k0), u + xi * kCB, 1, kb);
+        } else {
+          for (int64_t k = 0; k < kb; ++k) dst[pu.off(c, k0 + k)] = u[xi * kCB + k];
+        }
+      }
     }
   }, 4);
   const int64_t th = (ps.P + M - 1) / M, tw = (ps.Q + M - 1) / M;
   for (int64_t t0 = 0; t0 < tiles; t0 += TB) {
     const int64_t nt = std::min(TB, tiles - t0);
+    // 2. V = BT d BT^T.
     input_transform<T, M>(ps, in, t0, nt, TB, V);
-    // 3. Mo[xi] = V[xi] * U[xi], per group (each product on one thread).
-    parallel_for(A2 * G, [&](int64_t b, int64_t e) {
-      for (int64_t idx = b; idx < e; ++idx) {
-        const int64_t xi = idx / G, g = idx % G;
-        gemm<T>(false, false, nt, Kg, Cg, T(1), V + xi * TB * ps.Ci + g * Cg, ps.Ci,
-                U + (xi * G + g) * Cg * Kg, Kg, T(0), Mo + xi * TB * ps.Co + g * Kg, ps.Co);
-      }
-    }, 1, 1);
+    // 3. Mo[xi] = V[xi] * U[xi], per group.
+    point_products<T>(A2, G, nt, TB, ps.Ci, ps.Co, pu, Kg, V, U, Mo);
     // 4. Y = AT Mo AT^T, cropped to P x Q.
     parallel_for(nt, [&](int64_t b, int64_t e) {
       alignas(64) T m[A2 * kCB], y[M * M * kCB];
@@ -435,9 +486,11 @@ size_t winograd_nonfused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t
   const int64_t tiles = tiles_of(ps, m);
   if (tiles == 0) return 0;
   const int64_t TB = chunk_tiles(tiles, a, ps.Ci, ps.Co, elem_bytes);
-  // Filter transform (or wgrad accumulator) [a*a][G][Cg][Kg], then a chunk of transformed input
-  // [a*a][TB][Ci] and output (or dy) [a*a][TB][Co].
-  const int64_t elems = int64_t{a} * a * (p.C * p.Kg() + TB * (ps.Ci + ps.Co));
+  // Filter transform (packed, columns padded to NR) or wgrad accumulator [a*a][G][Cg][Kg], then
+  // a chunk of transformed input [a*a][TB][Ci] and output (or dy) [a*a][TB][Co].
+  const int64_t nr = elem_bytes == 8 ? GemmShape<double>::NR : GemmShape<float>::NR;
+  const int64_t u_elems = ps.Ci * gemm_round_up(ps.Co / p.G, nr);
+  const int64_t elems = int64_t{a} * a * (u_elems + TB * (ps.Ci + ps.Co));
   return static_cast<size_t>(elems) * elem_bytes;
 }
 
