@@ -1,4 +1,5 @@
-"""jaxdnn: cuDNN-class convolution primitives for JAX, on C++ and CUDA kernels via the XLA FFI.
+"""jaxdnn: cuDNN-class convolution and pooling primitives for JAX, on C++ and CUDA kernels via
+the XLA FFI.
 
     import jaxdnn
     y = jaxdnn.conv(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
@@ -21,6 +22,7 @@ from jaxdnn._src.primitives.conv import (  # noqa: E402
 )
 from jaxdnn.conv import conv  # noqa: E402
 from jaxdnn.conv_transpose import conv_transpose  # noqa: E402
+from jaxdnn.pooling import avg_pool, global_avg_pool, global_max_pool, max_pool  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -30,9 +32,13 @@ __all__ = [
     "ConvOp",
     "Layout",
     "MathPrecision",
+    "avg_pool",
     "conv",
     "conv_backward_data",
     "conv_backward_filter",
     "conv_forward",
     "conv_transpose",
+    "global_avg_pool",
+    "global_max_pool",
+    "max_pool",
 ]

@@ -21,6 +21,11 @@ NB_MODULE(_jaxdnn_cpu, m) {
     d["jaxdnn_conv_fwd"] = ffi_capsule(cpu::ConvForward);
     d["jaxdnn_conv_bwd_data"] = ffi_capsule(cpu::ConvBackwardData);
     d["jaxdnn_conv_bwd_filter"] = ffi_capsule(cpu::ConvBackwardFilter);
+    d["jaxdnn_max_pool_fwd"] = ffi_capsule(cpu::MaxPoolForward);
+    d["jaxdnn_max_pool_gather"] = ffi_capsule(cpu::MaxPoolGather);
+    d["jaxdnn_max_pool_scatter"] = ffi_capsule(cpu::MaxPoolScatter);
+    d["jaxdnn_avg_pool_fwd"] = ffi_capsule(cpu::AvgPoolForward);
+    d["jaxdnn_avg_pool_bwd"] = ffi_capsule(cpu::AvgPoolBackward);
     return d;
   });
   m.def(

@@ -1,0 +1,423 @@
+// CPU pooling kernels: max and average pooling, forward and backward, channels-last.
+//
+// Forward-shaped operations (max, its arg-max gather, avg) run in parallel over output rows
+// (n, o0, o1); backward-shaped ones (scatter to the arg-max, avg transpose) run in parallel over
+// input rows and *gather* the contributions of the windows covering each input element, so no
+// two threads write the same element and the summation order is fixed: results are
+// deterministic. Inner loops run over channels, contiguous in memory, and vectorize.
+//
+// Arg-max rule (lax's select_and_scatter with `ge`, which jax.grad of a max reduce_window uses):
+// the first tap of a window is selected, and each later tap v replaces the selection s unless
+// s >= v. Padding taps take part with the value -inf and route nothing. So ties keep the first
+// tap in window order; a NaN selection is always replaced and a NaN tap always replaces; a
+// window whose leading padding is followed only by -inf inputs selects the padding (its gradient
+// vanishes, as in lax).
+//
+// 16-bit inputs are widened per element and accumulated in float32; float64 in float64.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "parallel.h"
+#include "pool_cpu.h"
+
+namespace jaxdnn::cpu {
+namespace {
+
+struct BF16 { uint16_t bits; };
+struct F16 { uint16_t bits; };
+
+template <typename S>
+using Acc = std::conditional_t<std::is_same_v<S, double>, double, float>;
+
+template <typename A>
+constexpr A kInf = std::numeric_limits<A>::infinity();
+
+inline float load(float v) { return v; }
+inline double load(double v) { return v; }
+
+inline float load(BF16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline float load(F16 v) {
+#if defined(__F16C__)
+  return _cvtsh_ss(v.bits);
+#else
+  // sign | exponent rebias (15 -> 127) | mantissa; subnormals are scaled by 2^-24.
+  const uint32_t sign = static_cast<uint32_t>(v.bits & 0x8000u) << 16;
+  const uint32_t exp = (v.bits >> 10) & 0x1fu, mant = v.bits & 0x3ffu;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -f : f;
+  }
+  const uint32_t bits = sign | (exp == 31 ? 0x7f800000u : (exp + 112) << 23) | mant << 13;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+template <typename S> S store(Acc<S> v);
+template <> inline float store<float>(float v) { return v; }
+template <> inline double store<double>(double v) { return v; }
+
+template <> inline BF16 store<BF16>(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return BF16{static_cast<uint16_t>((bits >> 16) | 0x40)};
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return BF16{static_cast<uint16_t>(bits >> 16)};
+}
+
+template <> inline F16 store<F16>(float v) {
+#if defined(__F16C__)
+  return F16{static_cast<uint16_t>(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT))};
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t mag = bits & 0x7fffffffu;
+  if (mag > 0x7f800000u) return F16{static_cast<uint16_t>(sign | 0x7e00u)};
+  if (mag >= 0x477ff000u) return F16{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to inf
+  if (mag < 0x38800000u) {  // f16 subnormal: an integer multiple of 2^-24, rounded to even
+    const float scaled = std::nearbyint(std::ldexp(std::fabs(v), 24));
+    return F16{static_cast<uint16_t>(sign | static_cast<uint16_t>(scaled))};
+  }
+  const uint32_t r = mag + 0xfffu + ((mag >> 13) & 1u);  // round to nearest even
+  return F16{static_cast<uint16_t>(sign | (((r >> 13) - (112u << 10)) & 0xffffu))};
+#endif
+}
+
+// Taps k in [0, window) of a window whose tap 0 sits at input position `start` such that
+// lo <= start + k * dilation < hi, as the half-open range [*k0, *k1).
+inline void tap_range(int64_t start, int64_t dilation, int64_t window, int64_t lo, int64_t hi,
+                      int64_t* k0, int64_t* k1) {
+  int64_t first = start >= lo ? 0 : (lo - start + dilation - 1) / dilation;
+  int64_t last = start >= hi ? 0 : (hi - 1 - start) / dilation + 1;
+  last = std::min(last, window);
+  *k0 = std::min(first, last);
+  *k1 = last;
+}
+
+// Calls fn(tap, pixel) for the in-bounds taps of output position o, in window order; `tap` is
+// the flat window index, `pixel` the flat input position inside the image.
+template <typename Fn>
+inline void for_each_tap(const PoolProblem& p, const int64_t o[3], Fn&& fn) {
+  int64_t start[3], k0[3], k1[3];
+  for (int d = 0; d < 3; ++d) {
+    start[d] = o[d] * p.stride[d] - p.pad_lo[d];
+    tap_range(start[d], p.dilation[d], p.window[d], 0, p.in[d], &k0[d], &k1[d]);
+  }
+  for (int64_t a = k0[0]; a < k1[0]; ++a) {
+    const int64_t i0 = start[0] + a * p.dilation[0];
+    for (int64_t b = k0[1]; b < k1[1]; ++b) {
+      const int64_t row = (i0 * p.in[1] + start[1] + b * p.dilation[1]) * p.in[2];
+      for (int64_t c = k0[2]; c < k1[2]; ++c)
+        fn((a * p.window[1] + b) * p.window[2] + c, row + start[2] + c * p.dilation[2]);
+    }
+  }
+}
+
+// Calls fn(tap, pixel) for every tap of output position o in window order, with pixel = -1 for
+// padding taps.
+template <typename Fn>
+inline void for_each_window_tap(const PoolProblem& p, const int64_t o[3], Fn&& fn) {
+  int64_t start[3], k0[3], k1[3];
+  bool inside = true;
+  for (int d = 0; d < 3; ++d) {
+    start[d] = o[d] * p.stride[d] - p.pad_lo[d];
+    tap_range(start[d], p.dilation[d], p.window[d], 0, p.in[d], &k0[d], &k1[d]);
+    inside = inside && k0[d] == 0 && k1[d] == p.window[d];
+  }
+  if (inside) {
+    for_each_tap(p, o, fn);
+    return;
+  }
+  for (int64_t a = 0; a < p.window[0]; ++a) {
+    const bool in_a = a >= k0[0] && a < k1[0];
+    const int64_t i0 = start[0] + a * p.dilation[0];
+    for (int64_t b = 0; b < p.window[1]; ++b) {
+      const bool in_ab = in_a && b >= k0[1] && b < k1[1];
+      const int64_t row = (i0 * p.in[1] + start[1] + b * p.dilation[1]) * p.in[2];
+      for (int64_t c = 0; c < p.window[2]; ++c) {
+        const bool in = in_ab && c >= k0[2] && c < k1[2];
+        fn((a * p.window[1] + b) * p.window[2] + c, in ? row + start[2] + c * p.dilation[2] : -1);
+      }
+    }
+  }
+}
+
+// Calls fn(tap, out_pixel) for the windows that cover input position i, in an order fixed for
+// i; `out_pixel` is the flat output position inside the image. `pairs` is scratch space.
+template <typename Fn>
+inline void for_each_covering_window(const PoolProblem& p, const int64_t i[3],
+                                     std::vector<int64_t>& pairs, Fn&& fn) {
+  // Input i is tap k of output o when o * stride = i + pad_lo - k * dilation. Per dimension,
+  // the valid (k, o) pairs go to `pairs` from offset begin[d], as [k, o, k, o, ...].
+  pairs.clear();
+  size_t begin[4];
+  for (int d = 0; d < 3; ++d) {
+    begin[d] = pairs.size();
+    for (int64_t k = 0; k < p.window[d]; ++k) {
+      const int64_t t = i[d] + p.pad_lo[d] - k * p.dilation[d];
+      if (t < 0) break;
+      if (t % p.stride[d] || t / p.stride[d] >= p.out[d]) continue;
+      pairs.push_back(k);
+      pairs.push_back(t / p.stride[d]);
+    }
+  }
+  begin[3] = pairs.size();
+  const int64_t* q = pairs.data();
+  for (size_t a = begin[0]; a < begin[1]; a += 2) {
+    for (size_t b = begin[1]; b < begin[2]; b += 2) {
+      const int64_t tap01 = q[a] * p.window[1] + q[b], out01 = q[a + 1] * p.out[1] + q[b + 1];
+      for (size_t c = begin[2]; c < begin[3]; c += 2)
+        fn(tap01 * p.window[2] + q[c], out01 * p.out[2] + q[c + 1]);
+    }
+  }
+}
+
+// Per-dimension divisor factors of avg pooling: taps of output o inside the counting region.
+std::vector<int64_t> divisor_factors(const PoolProblem& p, int d) {
+  std::vector<int64_t> f(p.out[d]);
+  for (int64_t o = 0; o < p.out[d]; ++o) {
+    int64_t k0, k1;
+    tap_range(o * p.stride[d] - p.pad_lo[d], p.dilation[d], p.window[d], -p.count_lo[d],
+              p.in[d] + p.count_hi[d], &k0, &k1);
+    f[o] = k1 - k0;
+  }
+  return f;
+}
+
+// Rows of at least ~16K inner iterations per parallel chunk.
+int64_t min_rows(int64_t row_work) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_work)); }
+
+// fn(n, r0, r1, buffer) over rows (n, r0, r1) of an (N, e0, e1, e2, C) array, in parallel.
+template <typename Fn>
+void for_rows(int64_t N, const int64_t extent[3], int64_t row_work, Fn&& fn) {
+  const int64_t rows = N * extent[0] * extent[1];
+  parallel_for(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t r1 = r % extent[1], r0 = (r / extent[1]) % extent[0];
+      fn(r / (extent[0] * extent[1]), r0, r1);
+    }
+  }, min_rows(row_work));
+}
+
+template <typename S>
+struct PoolKernels {
+  using A = Acc<S>;
+
+  static void max_forward(const PoolProblem& p, const S* x, S* y) {
+    const int64_t C = p.C, in_pixels = p.in[0] * p.in[1] * p.in[2];
+    for_rows(p.N, p.out, p.out[2] * C * p.window_elems(), [&](int64_t n, int64_t o0, int64_t o1) {
+      std::vector<A> acc(C);
+      const S* xn = x + n * in_pixels * C;
+      S* yrow = y + ((n * p.out[0] + o0) * p.out[1] + o1) * p.out[2] * C;
+      for (int64_t o2 = 0; o2 < p.out[2]; ++o2) {
+        const int64_t o[3] = {o0, o1, o2};
+        std::fill(acc.begin(), acc.end(), -std::numeric_limits<A>::infinity());
+        A* m = acc.data();
+        for_each_tap(p, o, [&](int64_t, int64_t pixel) {
+          const S* xp = xn + pixel * C;
+          for (int64_t c = 0; c < C; ++c) {  // lax's max: NaN wins and stays
+            const A v = load(xp[c]);
+            m[c] = (v > m[c] || v != v) ? v : m[c];
+          }
+        });
+        for (int64_t c = 0; c < C; ++c) yrow[o2 * C + c] = store<S>(m[c]);
+      }
+    });
+  }
+
+  // Tangent at the arg-max of x per window (0 for windows with no in-bounds tap).
+  static void max_gather(const PoolProblem& p, const S* x, const S* t, S* y) {
+    const int64_t C = p.C, in_pixels = p.in[0] * p.in[1] * p.in[2];
+    for_rows(p.N, p.out, p.out[2] * C * p.window_elems(), [&](int64_t n, int64_t o0, int64_t o1) {
+      std::vector<A> best(C), picked(C);
+      const S* xn = x + n * in_pixels * C;
+      const S* tn = t + n * in_pixels * C;
+      S* yrow = y + ((n * p.out[0] + o0) * p.out[1] + o1) * p.out[2] * C;
+      for (int64_t o2 = 0; o2 < p.out[2]; ++o2) {
+        const int64_t o[3] = {o0, o1, o2};
+        // A NaN "selection" is replaced by the first tap, whatever its value.
+        std::fill(best.begin(), best.end(), std::numeric_limits<A>::quiet_NaN());
+        std::fill(picked.begin(), picked.end(), A(0));
+        A* s = best.data();
+        A* g = picked.data();
+        for_each_window_tap(p, o, [&](int64_t, int64_t pixel) {
+          if (pixel < 0) {  // padding: -inf with a zero tangent
+            for (int64_t c = 0; c < C; ++c) {
+              const bool take = !(s[c] >= -kInf<A>);
+              s[c] = take ? -kInf<A> : s[c];
+              g[c] = take ? A(0) : g[c];
+            }
+            return;
+          }
+          const S* xp = xn + pixel * C;
+          const S* tp = tn + pixel * C;
+          for (int64_t c = 0; c < C; ++c) {
+            const A v = load(xp[c]);
+            const bool take = !(s[c] >= v);
+            s[c] = take ? v : s[c];
+            g[c] = take ? load(tp[c]) : g[c];
+          }
+        });
+        for (int64_t c = 0; c < C; ++c) yrow[o2 * C + c] = store<S>(g[c]);
+      }
+    });
+  }
+
+  // dx = dy summed onto each window's arg-max: arg-max taps into `arg` (one per output element,
+  // -1 for windows with no in-bounds tap), then a gather over the windows covering each input.
+  static void max_scatter(const PoolProblem& p, const S* x, const S* dy, S* dx, int32_t* arg) {
+    const int64_t C = p.C, in_pixels = p.in[0] * p.in[1] * p.in[2];
+    const int64_t out_pixels = p.out[0] * p.out[1] * p.out[2];
+    for_rows(p.N, p.out, p.out[2] * C * p.window_elems(), [&](int64_t n, int64_t o0, int64_t o1) {
+      std::vector<A> best(C);
+      const S* xn = x + n * in_pixels * C;
+      int32_t* arow = arg + ((n * p.out[0] + o0) * p.out[1] + o1) * p.out[2] * C;
+      for (int64_t o2 = 0; o2 < p.out[2]; ++o2) {
+        const int64_t o[3] = {o0, o1, o2};
+        std::fill(best.begin(), best.end(), std::numeric_limits<A>::quiet_NaN());
+        A* s = best.data();
+        int32_t* idx = arow + o2 * C;
+        std::fill(idx, idx + C, -1);
+        for_each_window_tap(p, o, [&](int64_t tap, int64_t pixel) {
+          if (pixel < 0) {  // padding: -inf, routes to no input
+            for (int64_t c = 0; c < C; ++c) {
+              const bool take = !(s[c] >= -kInf<A>);
+              s[c] = take ? -kInf<A> : s[c];
+              idx[c] = take ? -1 : idx[c];
+            }
+            return;
+          }
+          const S* xp = xn + pixel * C;
+          const int32_t k = static_cast<int32_t>(tap);
+          for (int64_t c = 0; c < C; ++c) {
+            const A v = load(xp[c]);
+            const bool take = !(s[c] >= v);
+            s[c] = take ? v : s[c];
+            idx[c] = take ? k : idx[c];
+          }
+        });
+      }
+    });
+    for_rows(p.N, p.in, p.in[2] * C * 2, [&](int64_t n, int64_t i0, int64_t i1) {
+      std::vector<A> acc(C);
+      std::vector<int64_t> pairs;
+      const S* dyn = dy + n * out_pixels * C;
+      const int32_t* an = arg + n * out_pixels * C;
+      S* dxrow = dx + ((n * p.in[0] + i0) * p.in[1] + i1) * p.in[2] * C;
+      for (int64_t i2 = 0; i2 < p.in[2]; ++i2) {
+        const int64_t i[3] = {i0, i1, i2};
+        std::fill(acc.begin(), acc.end(), A(0));
+        A* g = acc.data();
+        for_each_covering_window(p, i, pairs, [&](int64_t tap, int64_t opix) {
+          const int32_t k = static_cast<int32_t>(tap);
+          const int32_t* ap = an + opix * C;
+          const S* dp = dyn + opix * C;
+          for (int64_t c = 0; c < C; ++c) g[c] += ap[c] == k ? load(dp[c]) : A(0);
+        });
+        for (int64_t c = 0; c < C; ++c) dxrow[i2 * C + c] = store<S>(g[c]);
+      }
+    });
+  }
+
+  static void avg_forward(const PoolProblem& p, const S* x, S* y) {
+    const int64_t C = p.C, in_pixels = p.in[0] * p.in[1] * p.in[2];
+    const std::vector<int64_t> f0 = divisor_factors(p, 0), f1 = divisor_factors(p, 1),
+                               f2 = divisor_factors(p, 2);
+    for_rows(p.N, p.out, p.out[2] * C * p.window_elems(), [&](int64_t n, int64_t o0, int64_t o1) {
+      std::vector<A> acc(C);
+      const S* xn = x + n * in_pixels * C;
+      S* yrow = y + ((n * p.out[0] + o0) * p.out[1] + o1) * p.out[2] * C;
+      for (int64_t o2 = 0; o2 < p.out[2]; ++o2) {
+        const int64_t o[3] = {o0, o1, o2};
+        std::fill(acc.begin(), acc.end(), A(0));
+        A* sum = acc.data();
+        for_each_tap(p, o, [&](int64_t, int64_t pixel) {
+          const S* xp = xn + pixel * C;
+          for (int64_t c = 0; c < C; ++c) sum[c] += load(xp[c]);
+        });
+        // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
+        const A divisor = static_cast<A>(f0[o0] * f1[o1] * f2[o2]);
+        for (int64_t c = 0; c < C; ++c) yrow[o2 * C + c] = store<S>(sum[c] / divisor);
+      }
+    });
+  }
+
+  // dx[i] = sum over the windows o covering i of dy[o] / divisor[o].
+  static void avg_backward(const PoolProblem& p, const S* dy, S* dx) {
+    const int64_t C = p.C, out_pixels = p.out[0] * p.out[1] * p.out[2];
+    const std::vector<int64_t> f0 = divisor_factors(p, 0), f1 = divisor_factors(p, 1),
+                               f2 = divisor_factors(p, 2);
+    for_rows(p.N, p.in, p.in[2] * C * 2, [&](int64_t n, int64_t i0, int64_t i1) {
+      std::vector<A> acc(C);
+      std::vector<int64_t> pairs;
+      const S* dyn = dy + n * out_pixels * C;
+      S* dxrow = dx + ((n * p.in[0] + i0) * p.in[1] + i1) * p.in[2] * C;
+      for (int64_t i2 = 0; i2 < p.in[2]; ++i2) {
+        const int64_t i[3] = {i0, i1, i2};
+        std::fill(acc.begin(), acc.end(), A(0));
+        A* g = acc.data();
+        for_each_covering_window(p, i, pairs, [&](int64_t, int64_t opix) {
+          const int64_t q2 = opix % p.out[2], q1 = (opix / p.out[2]) % p.out[1],
+                        q0 = opix / (p.out[2] * p.out[1]);
+          const A inv = A(1) / static_cast<A>(f0[q0] * f1[q1] * f2[q2]);
+          const S* dp = dyn + opix * C;
+          for (int64_t c = 0; c < C; ++c) g[c] += load(dp[c]) * inv;
+        });
+        for (int64_t c = 0; c < C; ++c) dxrow[i2 * C + c] = store<S>(g[c]);
+      }
+    });
+  }
+
+  static void run(PoolOp op, const PoolProblem& p, const void* a, const void* b, void* out,
+                  void* workspace) {
+    const S* as = static_cast<const S*>(a);
+    const S* bs = static_cast<const S*>(b);
+    S* os = static_cast<S*>(out);
+    switch (op) {
+      case PoolOp::kMaxForward: max_forward(p, as, os); break;
+      case PoolOp::kMaxGather: max_gather(p, as, bs, os); break;
+      case PoolOp::kMaxScatter: max_scatter(p, as, bs, os, static_cast<int32_t*>(workspace)); break;
+      case PoolOp::kAvgForward: avg_forward(p, as, os); break;
+      case PoolOp::kAvgBackward: avg_backward(p, as, os); break;
+    }
+  }
+};
+
+}  // namespace
+
+size_t pool_workspace_bytes(PoolOp op, const PoolProblem& p) {
+  return op == PoolOp::kMaxScatter ? static_cast<size_t>(p.y_elems()) * sizeof(int32_t) : 0;
+}
+
+std::string run_pool(PoolOp op, const PoolProblem& p, DType dtype, const void* a, const void* b,
+                     void* out, void* workspace, size_t workspace_size) {
+  if (workspace_size < pool_workspace_bytes(op, p)) return "workspace buffer is too small";
+  if (p.window_elems() > std::numeric_limits<int32_t>::max())
+    return "the window has more than 2^31 elements";
+  switch (dtype) {
+    case DType::kF32: PoolKernels<float>::run(op, p, a, b, out, workspace); break;
+    case DType::kF64: PoolKernels<double>::run(op, p, a, b, out, workspace); break;
+    case DType::kBF16: PoolKernels<BF16>::run(op, p, a, b, out, workspace); break;
+    case DType::kF16: PoolKernels<F16>::run(op, p, a, b, out, workspace); break;
+  }
+  return "";
+}
+
+}  // namespace jaxdnn::cpu

@@ -1,0 +1,641 @@
+"""jaxdnn.max_pool / avg_pool / global pools against lax.reduce_window, flax and a NumPy loop.
+
+Oracles at float64: lax.reduce_window (max with -inf padding; avg as a padded sum over a padded
+count), flax.linen.max_pool/avg_pool, and jax.grad / jax.jvp of those. ceil_mode follows
+PyTorch's documented output size and divisor rule, checked on hand-computed PyTorch outputs and a
+NumPy loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.test_util import check_grads
+
+import jaxdnn
+from helpers import rand
+from jaxdnn._src.primitives import pooling as pool_prims
+from tolerances import BF16, F16, F32, F64, RTOL, assert_close
+
+LAYOUTS = {  # layout -> (spatial dims, channels last)
+    "NWC": (1, True), "NCW": (1, False), "NHWC": (2, True), "NCHW": (2, False),
+    "NDHWC": (3, True), "NCDHW": (3, False),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Oracles.
+
+def _full(values, channels_last, fill):
+  """Per-spatial-dimension values -> per-array-dimension values (batch, channel get `fill`)."""
+  values = tuple(values)
+  return (fill, *values, fill) if channels_last else (fill, fill, *values)
+
+
+def _spatial(x, channels_last):
+  nsd = x.ndim - 2
+  return x.shape[1:1 + nsd] if channels_last else x.shape[2:]
+
+
+def _pads(x, window, strides, padding, dilation, channels_last):
+  spatial = _spatial(x, channels_last)
+  eff = [(k - 1) * d + 1 for k, d in zip(window, dilation)]
+  if isinstance(padding, str):
+    return [tuple(p) for p in lax.padtype_to_pads(spatial, eff, strides, padding)]
+  return [tuple(p) for p in padding]
+
+
+def _ceil_extra(size, eff, stride, lo, hi):
+  """PyTorch's ceil_mode output size, as extra high padding (its documented formula)."""
+  out_floor = (size + lo + hi - eff) // stride + 1
+  out = math.ceil((size + lo + hi - eff) / stride) + 1
+  if (out - 1) * stride >= size + lo:
+    out -= 1
+  out = max(out, out_floor)
+  return (out - 1) * stride + eff - (size + lo + hi)
+
+
+def lax_max_pool(x, window, strides=None, padding="VALID", dilation=None, layout="NHWC",
+                 ceil_mode=False):
+  nsd, cl = LAYOUTS[layout]
+  strides = strides or (1,) * nsd
+  dilation = dilation or (1,) * nsd
+  pads = _pads(x, window, strides, padding, dilation, cl)
+  if ceil_mode:
+    eff = [(k - 1) * d + 1 for k, d in zip(window, dilation)]
+    pads = [(lo, hi + _ceil_extra(s, e, st, lo, hi))
+            for (lo, hi), s, e, st in zip(pads, _spatial(x, cl), eff, strides)]
+  return lax.reduce_window(x, -jnp.inf, lax.max, _full(window, cl, 1), _full(strides, cl, 1),
+                           _full(pads, cl, (0, 0)), window_dilation=_full(dilation, cl, 1))
+
+
+def lax_avg_pool(x, window, strides=None, padding="VALID", dilation=None, layout="NHWC",
+                 count_include_pad=True, ceil_mode=False):
+  """Window sum of the zero-padded input over the window count of a padded 1/0 mask."""
+  nsd, cl = LAYOUTS[layout]
+  strides = strides or (1,) * nsd
+  dilation = dilation or (1,) * nsd
+  pads = _pads(x, window, strides, padding, dilation, cl)
+  extra = [(0, 0)] * nsd
+  if ceil_mode:
+    eff = [(k - 1) * d + 1 for k, d in zip(window, dilation)]
+    extra = [(0, _ceil_extra(s, e, st, lo, hi))
+             for (lo, hi), s, e, st in zip(pads, _spatial(x, cl), eff, strides)]
+  full_pads = _full(pads, cl, (0, 0))
+  reduce = functools.partial(lax.reduce_window, init_value=0., computation=lax.add,
+                             window_dimensions=_full(window, cl, 1),
+                             window_strides=_full(strides, cl, 1),
+                             padding=_full(extra, cl, (0, 0)),
+                             window_dilation=_full(dilation, cl, 1))
+  total = reduce(jnp.pad(x, full_pads))
+  mask = jnp.pad(jnp.ones(x.shape, x.dtype), full_pads,
+                 constant_values=1 if count_include_pad else 0)
+  return total / reduce(mask)
+
+
+def stacked_max_pool(x, window, strides=None, padding="VALID", dilation=None, layout="NHWC",
+                     ceil_mode=False):
+  """Max over a stack of the window's strided taps (lax has no max-pool VJP with dilation)."""
+  nsd, cl = LAYOUTS[layout]
+  strides = strides or (1,) * nsd
+  dilation = dilation or (1,) * nsd
+  y_shape = lax_max_pool(x, window, strides, padding, dilation, layout, ceil_mode).shape
+  out = y_shape[1:1 + nsd] if cl else y_shape[2:]
+  pads = _pads(x, window, strides, padding, dilation, cl)
+  hi = [max(0, (o - 1) * s + (k - 1) * d + 1 - (n + lo))
+        for o, s, k, d, n, (lo, _) in zip(out, strides, window, dilation, _spatial(x, cl), pads)]
+  xp = jnp.pad(x, _full([(lo, h) for (lo, _), h in zip(pads, hi)], cl, (0, 0)),
+               constant_values=-jnp.inf)
+  taps = []
+  for k in itertools.product(*(range(w) for w in window)):
+    idx = tuple(slice(kk * d, kk * d + (o - 1) * s + 1, s)
+                for kk, d, o, s in zip(k, dilation, out, strides))
+    taps.append(xp[(slice(None), *idx, slice(None))] if cl else xp[(slice(None), slice(None),
+                                                                     *idx)])
+  return jnp.max(jnp.stack(taps), axis=0)
+
+
+def case_inputs(shape, dtype=F64, seed=0):
+  return rand(shape, dtype, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Geometry grid: (layout, input shape, window, strides, padding, dilation, ceil_mode).
+
+GRID = [
+    ("NHWC", (2, 9, 8, 3), (3, 3), (2, 2), "SAME", None, False),
+    ("NHWC", (2, 9, 8, 3), (3, 3), (2, 2), "VALID", None, False),
+    ("NHWC", (2, 7, 6, 5), (2, 3), (1, 2), ((1, 0), (2, 1)), None, False),  # asymmetric
+    ("NHWC", (1, 3, 2, 2), (5, 4), (1, 1), ((2, 2), (1, 2)), None, False),  # window > input
+    ("NHWC", (2, 8, 9, 3), (3, 2), (2, 3), ((1, 1), (0, 1)), (2, 3), False),  # dilation
+    ("NHWC", (2, 8, 7, 4), (3, 3), (2, 2), ((1, 1), (1, 1)), None, True),  # ceil_mode
+    ("NHWC", (2, 6, 6, 17), (2, 2), (2, 2), "VALID", None, True),
+    ("NCHW", (2, 3, 9, 8), (3, 3), (2, 2), "SAME", None, False),
+    ("NCHW", (2, 3, 7, 6), (2, 3), (1, 2), ((1, 0), (2, 1)), (1, 2), True),
+    ("NWC", (3, 11, 4), (4,), (3,), ((1, 2),), None, False),
+    ("NWC", (3, 10, 4), (3,), (2,), ((1, 1),), (2,), True),
+    ("NCW", (3, 4, 11), (3,), (2,), "SAME", None, True),
+    ("NDHWC", (1, 5, 6, 7, 3), (2, 3, 2), (2, 2, 1), "SAME", None, False),
+    ("NDHWC", (1, 5, 6, 5, 2), (3, 2, 2), (2, 1, 2), ((1, 1), (0, 1), (1, 0)), (1, 2, 1), True),
+    ("NCDHW", (2, 3, 5, 4, 6), (2, 2, 3), (1, 2, 2), "SAME", None, True),
+    ("NCDHW", (1, 2, 6, 5, 4), (3, 3, 2), (2, 2, 2), "VALID", (1, 1, 2), False),
+]
+
+
+def _grid_id(case):
+  layout, shape, window, strides, padding, dilation, ceil = case
+  pad = padding if isinstance(padding, str) else "explicit"
+  return (f"{layout}-{'x'.join(map(str, shape))}-w{'x'.join(map(str, window))}"
+          f"-s{'x'.join(map(str, strides))}-{pad}" + (f"-d{dilation}" if dilation else "")
+          + ("-ceil" if ceil else ""))
+
+
+GRID_PARAMS = [pytest.param(c, id=_grid_id(c)) for c in GRID]
+
+
+def _fns(case, op):
+  """(jaxdnn pooling, lax oracle) of a grid case for op in max, avg, avg_exclusive."""
+  layout, _, window, strides, padding, dilation, ceil = case
+  common = dict(strides=strides, padding=padding)
+  if op == "max":
+    ours = functools.partial(jaxdnn.max_pool, window_shape=window, layout=layout,
+                             window_dilation=dilation, ceil_mode=ceil, **common)
+    # lax has no max-pool VJP with window dilation: the tap-stack oracle stands in.
+    ref = functools.partial(stacked_max_pool if dilation else lax_max_pool, window=window,
+                            dilation=dilation, layout=layout, ceil_mode=ceil, **common)
+  else:
+    include = op == "avg"
+    ours = functools.partial(jaxdnn.avg_pool, window_shape=window, layout=layout,
+                             window_dilation=dilation, ceil_mode=ceil,
+                             count_include_pad=include, **common)
+    ref = functools.partial(lax_avg_pool, window=window, dilation=dilation, layout=layout,
+                            ceil_mode=ceil, count_include_pad=include, **common)
+  return ours, ref
+
+
+OPS = ("max", "avg", "avg_exclusive")
+
+
+def _assert_same(out, ref, tol=1e-12, what="result"):
+  out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+  assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
+  np.testing.assert_array_equal(np.isnan(out), np.isnan(ref), err_msg=f"{what}: NaN positions")
+  finite = np.isfinite(ref)
+  np.testing.assert_array_equal(out[~finite & ~np.isnan(ref)], ref[~finite & ~np.isnan(ref)],
+                                err_msg=f"{what}: infinities")
+  np.testing.assert_allclose(out[finite], ref[finite], rtol=tol, atol=tol, err_msg=what)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward.
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("case", GRID_PARAMS)
+def test_forward_matches_lax(case, op):
+  x = case_inputs(case[1])
+  ours, ref = _fns(case, op)
+  out, expected = ours(x), ref(x)
+  if op == "max":
+    np.testing.assert_array_equal(out, expected)
+  else:
+    _assert_same(out, expected)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("case", GRID_PARAMS)
+def test_grad_matches_lax(case, op):
+  x = case_inputs(case[1], seed=1)
+  ours, ref = _fns(case, op)
+  ct = case_inputs(jax.eval_shape(ref, x).shape, seed=2)
+  loss = lambda f: (lambda x: jnp.vdot(f(x), ct))
+  _assert_same(jax.grad(loss(ours))(x), jax.grad(loss(ref))(x), what="grad")
+  t = case_inputs(x.shape, seed=3)
+  _assert_same(jax.jvp(ours, (x,), (t,))[1], jax.jvp(ref, (x,), (t,))[1], what="jvp")
+
+
+FLAX_CASES = [
+    ((2, 8, 7, 3), (3, 3), (2, 2), "SAME"),
+    ((2, 8, 7, 3), (2, 2), None, "VALID"),
+    ((2, 6, 5, 4), (3, 2), (2, 1), ((2, 1), (0, 1))),
+    ((3, 9, 2), (3,), (2,), "SAME"),
+    ((1, 4, 5, 4, 2), (2, 3, 2), (2, 2, 1), ((1, 0), (1, 1), (0, 1))),
+    ((7, 6, 3), (3, 3), (1, 2), "SAME"),  # no batch dimension
+    ((2, 3, 7, 6, 3), (3, 3), (2, 2), "SAME"),  # two batch dimensions
+]
+
+
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("shape,window,strides,padding", FLAX_CASES)
+def test_matches_flax(shape, window, strides, padding, count_include_pad):
+  x = case_inputs(shape, seed=4)
+  np.testing.assert_array_equal(jaxdnn.max_pool(x, window, strides, padding),
+                                nn.max_pool(x, window, strides, padding))
+  _assert_same(jaxdnn.avg_pool(x, window, strides, padding, count_include_pad),
+               nn.avg_pool(x, window, strides, padding, count_include_pad))
+  ct = case_inputs(nn.max_pool(x, window, strides, padding).shape, seed=5)
+  for ours, ref in ((jaxdnn.max_pool, nn.max_pool), (jaxdnn.avg_pool, nn.avg_pool)):
+    kw = {} if ours is jaxdnn.max_pool else dict(count_include_pad=count_include_pad)
+    g = jax.grad(lambda x: jnp.vdot(ours(x, window, strides, padding, **kw), ct))(x)
+    g_ref = jax.grad(lambda x: jnp.vdot(ref(x, window, strides, padding, **kw), ct))(x)
+    _assert_same(g, g_ref, what=f"{ours.__name__} grad")
+
+
+def test_ceil_mode_pytorch_values():
+  """Outputs PyTorch's documented rules give (computed by hand from them)."""
+  x = jnp.arange(5.0).reshape(1, 5, 1)
+  assert jaxdnn.max_pool(x, (2,), (2,), ceil_mode=True).ravel().tolist() == [1, 3, 4]
+  assert jaxdnn.avg_pool(x, (2,), (2,), ceil_mode=True).ravel().tolist() == [0.5, 2.5, 4.0]
+  assert jaxdnn.max_pool(x, (2,), (2,)).ravel().tolist() == [1, 3]
+  # The last window must start inside input + low padding: k=2, s=2, p=1 on 5 gives 3, not 4.
+  y = jaxdnn.avg_pool(x, (2,), (2,), ((1, 1),), ceil_mode=True)
+  assert y.ravel().tolist() == [0.0, 1.5, 3.5]
+  x6 = jnp.arange(6.0).reshape(1, 6, 1)
+  # Last window [5, pad, ceil-extension]: divisor 2 with the padding, 1 without.
+  y = jaxdnn.avg_pool(x6, (3,), (2,), ((1, 1),), ceil_mode=True)
+  np.testing.assert_allclose(y.ravel(), [1 / 3, 2, 4, 2.5], rtol=1e-15)
+  y = jaxdnn.avg_pool(x6, (3,), (2,), ((1, 1),), count_include_pad=False, ceil_mode=True)
+  np.testing.assert_allclose(y.ravel(), [0.5, 2, 4, 5], rtol=1e-15)
+  assert jaxdnn.max_pool(x6, (3,), (2,), ((1, 1),), ceil_mode=True).ravel().tolist() == [1, 3, 5, 5]
+
+
+def _numpy_pool_1d(x, k, s, p, d, ceil, op, include):
+  """A NumPy loop over PyTorch's definitions (1-D, channels-last (N, L, C))."""
+  n, size, c = x.shape
+  span = size + 2 * p - d * (k - 1) - 1
+  out = (span + (s - 1 if ceil else 0)) // s + 1
+  if ceil and (out - 1) * s >= size + p:
+    out -= 1
+  y = np.empty((n, out, c))
+  for o in range(out):
+    taps = [o * s - p + j * d for j in range(k)]
+    inside = [i for i in taps if 0 <= i < size]
+    counted = [i for i in taps if (-p <= i < size + p) if include or 0 <= i < size]
+    if op == "max":
+      y[:, o] = x[:, inside].max(axis=1) if inside else -np.inf
+    else:
+      y[:, o] = x[:, inside].sum(axis=1) / len(counted)
+  return y
+
+
+@pytest.mark.parametrize("size,k,s,p,d", [(5, 2, 2, 0, 1), (6, 3, 2, 1, 1), (7, 3, 3, 1, 1),
+                                          (10, 3, 2, 1, 2), (4, 4, 3, 2, 1), (9, 2, 4, 1, 1)])
+@pytest.mark.parametrize("ceil", [False, True])
+def test_ceil_mode_numpy_loop(size, k, s, p, d, ceil):
+  x = np.asarray(case_inputs((2, size, 3), seed=6))
+  pad = ((p, p),)
+  for op, include in (("max", True), ("avg", True), ("avg", False)):
+    if op == "max":
+      y = jaxdnn.max_pool(x, (k,), (s,), pad, window_dilation=(d,), ceil_mode=ceil)
+    else:
+      y = jaxdnn.avg_pool(x, (k,), (s,), pad, count_include_pad=include,
+                          window_dilation=(d,), ceil_mode=ceil)
+    _assert_same(y, _numpy_pool_1d(x, k, s, p, d, ceil, op, include), what=f"{op} {include}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ties, infinities, NaN.
+
+def _ref_max_nhwc(x, window=(3, 3), strides=(2, 2), padding="SAME"):
+  return lax_max_pool(x, window, strides, padding)
+
+
+def test_ties_gradient_goes_to_first_index():
+  x = jnp.array([1.0, 3.0, 3.0, 2.0, 3.0]).reshape(1, 5, 1)
+  g = jax.grad(lambda x: jaxdnn.max_pool(x, (2,), (1,)).sum())(x)
+  assert g.ravel().tolist() == [0, 2, 1, 0, 1]  # windows [1,3] [3,3] [3,2] [2,3]
+  g = jax.grad(lambda x: jaxdnn.max_pool(x, (3,), (1,), "SAME").sum())(x)
+  g_ref = jax.grad(lambda x: lax_max_pool(x, (3,), (1,), "SAME", layout="NWC").sum())(x)
+  np.testing.assert_array_equal(g, g_ref)
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_ties_match_lax(layout):
+  """Gradients go where jax.grad of lax's max reduce_window sends them; the JVP picks the same
+  arg-max (lax's own JVP, select_and_gather_add, breaks 2-D ties differently on XLA:CPU, so the
+  oracle is the tangent at the arg-max that lax's gradient selects)."""
+  shape = (2, 7, 8, 3) if layout == "NHWC" else (2, 3, 7, 8)
+  x = jnp.asarray(np.random.default_rng(7).integers(0, 3, shape), jnp.float64)  # many ties
+  ours = lambda x: jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME", layout=layout)
+  ref = lambda x: lax_max_pool(x, (3, 3), (2, 2), "SAME", layout=layout)
+  ct = case_inputs(ref(x).shape, seed=8)
+  np.testing.assert_array_equal(ours(x), ref(x))
+  # the same positions; the sums of overlapping windows may round differently
+  _assert_same(jax.grad(lambda x: jnp.vdot(ours(x), ct))(x),
+               jax.grad(lambda x: jnp.vdot(ref(x), ct))(x), what="grad")
+  selection = jax.jacrev(ref)(x).reshape(ref(x).size, x.size)  # one-hot rows from lax's grad
+  assert np.all(selection.sum(axis=1) == 1)
+  t = case_inputs(x.shape, seed=9)
+  np.testing.assert_array_equal(jax.jvp(ours, (x,), (t,))[1].ravel(), selection @ t.ravel())
+
+
+@pytest.mark.parametrize("special", ["neg_inf", "nan", "pos_inf", "mixed"])
+def test_inf_nan_like_lax(special):
+  x = np.array(case_inputs((2, 6, 7, 3), seed=10))
+  rng = np.random.default_rng(11)
+  mask = rng.random(x.shape) < 0.25
+  values = {"neg_inf": -np.inf, "nan": np.nan, "pos_inf": np.inf}
+  if special == "mixed":
+    x[mask] = rng.choice([-np.inf, np.inf, np.nan], size=mask.sum())
+  else:
+    x[mask] = values[special]
+  x[0, :3, :3, 0] = -np.inf  # a window of only -inf
+  x = jnp.asarray(x)
+  _assert_same(jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME"), _ref_max_nhwc(x), what="max")
+  for include in (True, False):
+    _assert_same(jaxdnn.avg_pool(x, (3, 3), (2, 2), "SAME", include),
+                 nn.avg_pool(x, (3, 3), (2, 2), "SAME", include), what="avg")
+  ct = case_inputs(_ref_max_nhwc(x).shape, seed=12)
+  g = jax.grad(lambda x: jnp.vdot(jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME"), ct))(x)
+  g_ref = jax.grad(lambda x: jnp.vdot(_ref_max_nhwc(x), ct))(x)
+  _assert_same(g, g_ref, what="grad")
+
+
+@pytest.mark.parametrize("values,pad,window", [
+    ([-np.inf, -np.inf], (1, 0), 3), ([-np.inf, -np.inf], (0, 1), 3), ([np.nan, 1.0], (1, 0), 3),
+    ([np.nan, -np.inf], (0, 1), 3), ([np.nan, -np.inf], (0, 0), 2), ([2.0, np.nan, 2.0], (1, 1), 3),
+])
+def test_padding_takes_part_in_selection(values, pad, window):
+  """lax's select_and_scatter treats padding as -inf candidates that route nowhere."""
+  x = jnp.asarray(values).reshape(1, -1, 1)
+  ours = jax.grad(lambda x: jaxdnn.max_pool(x, (window,), (1,), (pad,)).sum())(x)
+  ref = jax.grad(lambda x: lax_max_pool(x, (window,), (1,), (pad,), layout="NWC").sum())(x)
+  np.testing.assert_array_equal(ours, ref)
+
+
+def test_all_padding_windows():
+  """Windows entirely in the padding: -inf for max, NaN (0/0) for exclusive avg, like lax."""
+  x = case_inputs((1, 2, 2, 1))
+  pads = ((3, 0), (0, 0))
+  y = jaxdnn.max_pool(x, (2, 2), (1, 1), pads)
+  assert np.isneginf(y[0, 0, 0, 0])
+  _assert_same(y, lax_max_pool(x, (2, 2), (1, 1), pads))
+  y = jaxdnn.avg_pool(x, (2, 2), (1, 1), pads, count_include_pad=False)
+  assert np.isnan(y[0, 0, 0, 0])
+  _assert_same(y, nn.avg_pool(x, (2, 2), (1, 1), pads, count_include_pad=False))
+  g = jax.grad(lambda x: jaxdnn.max_pool(x, (2, 2), (1, 1), pads).sum())(x)
+  np.testing.assert_array_equal(
+      g, jax.grad(lambda x: lax_max_pool(x, (2, 2), (1, 1), pads).sum())(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes and dtypes.
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_size_zero(layout):
+  shape = (0, 5, 5, 3) if layout == "NHWC" else (0, 3, 5, 5)
+  x = jnp.zeros(shape, jnp.float32)
+  for fn in (jaxdnn.max_pool, jaxdnn.avg_pool):
+    y = fn(x, (2, 2), (2, 2), "SAME", layout=layout)
+    assert y.shape == ((0, 3, 3, 3) if layout == "NHWC" else (0, 3, 3, 3))
+    g = jax.grad(lambda x: fn(x, (2, 2), (2, 2), "SAME", layout=layout).sum())(x)
+    assert g.shape == shape
+  # lax gives an empty output when the window does not fit
+  y = jaxdnn.max_pool(jnp.ones((1, 2, 2, 1)), (3, 3))
+  assert y.shape == (1, 0, 0, 1) == lax_max_pool(jnp.ones((1, 2, 2, 1)), (3, 3)).shape
+  assert jaxdnn.global_avg_pool(jnp.zeros((0, 4, 4, 2))).shape == (0, 2)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=str)
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_narrow_dtypes(dtype, layout):
+  shape = (2, 9, 8, 16) if layout == "NHWC" else (2, 16, 9, 8)
+  x = case_inputs(shape, dtype, seed=13)
+  x64 = x.astype(F64)
+  y = jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME", layout=layout)
+  assert y.dtype == dtype
+  np.testing.assert_array_equal(y.astype(F64), lax_max_pool(x64, (3, 3), (2, 2), "SAME",
+                                                            layout=layout))
+  for include in (True, False):
+    y = jaxdnn.avg_pool(x, (3, 3), (2, 2), "SAME", include, layout=layout)
+    assert y.dtype == dtype
+    assert_close(y, lax_avg_pool(x64, (3, 3), (2, 2), "SAME", layout=layout,
+                                 count_include_pad=include), RTOL[dtype], "avg")
+  ct = case_inputs(y.shape, dtype, seed=14)
+  for ours, ref in ((jaxdnn.max_pool, lax_max_pool), (jaxdnn.avg_pool, lax_avg_pool)):
+    g = jax.grad(lambda x: jnp.vdot(ours(x, (3, 3), (2, 2), "SAME", layout=layout), ct)
+                 .astype(F32))(x)
+    assert g.dtype == dtype
+    g_ref = jax.grad(lambda x: jnp.vdot(ref(x, (3, 3), (2, 2), "SAME", layout=layout),
+                                        ct.astype(F64)))(x64)
+    assert_close(g, g_ref, RTOL[dtype], f"{ours.__name__} grad")
+
+
+# ---------------------------------------------------------------------------------------------
+# Derivatives of every order.
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_check_grads_order2(layout):
+  nsd, cl = LAYOUTS[layout]
+  spatial = (5, 6, 4)[:nsd]
+  shape = (2, *spatial, 3) if cl else (2, 3, *spatial)
+  window, strides = (3, 2, 2)[:nsd], (2, 1, 2)[:nsd]
+  x = case_inputs(shape, seed=15)  # continuous values: no ties
+  for include in (True, False):
+    f = lambda x: jaxdnn.avg_pool(x, window, strides, "SAME", include, layout=layout,
+                                  ceil_mode=True)
+    check_grads(f, (x,), order=2, modes=("fwd", "rev"))
+  f = lambda x: jaxdnn.max_pool(x, window, strides, "SAME", layout=layout, ceil_mode=True)
+  check_grads(f, (x,), order=2, modes=("fwd", "rev"), eps=1e-4)
+  f = lambda x: jnp.sin(jaxdnn.max_pool(x * x, window, strides, "SAME", layout=layout)).sum()
+  check_grads(f, (x,), order=2, modes=("fwd", "rev"), eps=1e-4)
+
+
+def test_higher_order_max_pool_matches_lax():
+  """grad-of-grad, jvp-of-grad and third order go through the gather/scatter pair only."""
+  x = case_inputs((2, 7, 6, 3), seed=16)
+  f = lambda pool: (lambda x: jnp.sum(jnp.sin(pool(x * x))))
+  ours = f(lambda x: jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME"))
+  ref = f(lambda x: lax_max_pool(x, (3, 3), (2, 2), "SAME"))
+  t = case_inputs(x.shape, seed=17)
+  hvp = lambda fn: jax.jvp(jax.grad(fn), (x,), (t,))[1]
+  _assert_same(hvp(ours), hvp(ref), what="hvp")
+  gg = lambda fn: jax.grad(lambda x: jnp.sum(jax.grad(fn)(x) ** 3))(x)
+  _assert_same(gg(ours), gg(ref), what="grad of grad")
+  names = {e.primitive.name for e in jax.make_jaxpr(lambda x: gg(ours))(x).jaxpr.eqns}
+  assert not names & {"reduce_window_max", "select_and_scatter_add", "select_and_gather_add"}
+
+
+# ---------------------------------------------------------------------------------------------
+# vmap, jit, and what the HLO holds.
+
+def _custom_calls(fn, *args):
+  text = jax.jit(fn).lower(*args).as_text()
+  calls = re.findall(r"stablehlo\.custom_call @(\w+)", text)
+  assert "reduce_window" not in text and "select_and_scatter" not in text, text
+  assert "while" not in text, "a loop in the lowered HLO"
+  return calls
+
+
+VMAP_FNS = {
+    # name -> (f(x, v) built from jaxdnn, same from lax, number of pooling custom calls)
+    "max_fwd": (lambda x, v: jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME"),
+                lambda x, v: lax_max_pool(x, (3, 3), (2, 2), "SAME"), 1),
+    "avg_fwd": (lambda x, v: jaxdnn.avg_pool(x, (3, 3), (2, 2), "SAME", False),
+                lambda x, v: lax_avg_pool(x, (3, 3), (2, 2), "SAME", count_include_pad=False),
+                1),
+    "max_jvp": (lambda x, v: jax.jvp(lambda x: jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME"),
+                                     (x,), (v,))[1],
+                lambda x, v: jax.jvp(lambda x: lax_max_pool(x, (3, 3), (2, 2), "SAME"),
+                                     (x,), (v,))[1], 1),
+    "avg_jvp": (lambda x, v: jax.jvp(lambda x: jaxdnn.avg_pool(x, (3, 3), (2, 2), "SAME"),
+                                     (x,), (v,))[1],
+                lambda x, v: jax.jvp(lambda x: lax_avg_pool(x, (3, 3), (2, 2), "SAME"),
+                                     (x,), (v,))[1], 1),
+    "max_vjp": (lambda x, v: jax.vjp(lambda x: jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME"),
+                                     x)[1](v[:, ::2, ::2])[0],
+                lambda x, v: jax.vjp(lambda x: lax_max_pool(x, (3, 3), (2, 2), "SAME"),
+                                     x)[1](v[:, ::2, ::2])[0], 1),
+    "avg_vjp": (lambda x, v: jax.vjp(lambda x: jaxdnn.avg_pool(x, (3, 3), (2, 2), "SAME"),
+                                     x)[1](v[:, ::2, ::2])[0],
+                lambda x, v: jax.vjp(lambda x: lax_avg_pool(x, (3, 3), (2, 2), "SAME"),
+                                     x)[1](v[:, ::2, ::2])[0], 1),
+}
+
+
+@pytest.mark.parametrize("in_axes", [(0, None), (None, 0), (0, 0), (3, 1), (1, None)],
+                         ids=str)
+@pytest.mark.parametrize("name", list(VMAP_FNS))
+def test_vmap(name, in_axes):
+  ours, ref, n_calls = VMAP_FNS[name]
+  if name.endswith("fwd") and in_axes[0] is None:
+    pytest.skip("the forward ignores v")
+  shape = (2, 6, 6, 3)
+  xs = case_inputs(shape, seed=18)
+  vs = case_inputs(shape, seed=19)
+  batch = 3
+  def batched(a, axis, seed):
+    return a if axis is None else jnp.moveaxis(
+        jnp.stack([a * (i + 1) + seed * i for i in range(batch)]), 0, axis)
+  x, v = batched(xs, in_axes[0], 0.25), batched(vs, in_axes[1], 0.5)
+  out = jax.vmap(ours, in_axes)(x, v)
+  _assert_same(out, jax.vmap(ref, in_axes)(x, v), what="vmap")
+  calls = [c for c in _custom_calls(jax.vmap(ours, in_axes), x, v) if "pool" in c]
+  assert len(calls) == n_calls, calls
+  # nested vmap, and a size-0 mapped axis
+  out2 = jax.vmap(jax.vmap(ours, in_axes), in_axes)(
+      *(a if ax is None else jnp.stack([a, a]) if ax == 0 else jnp.stack([a, a], ax)
+        for a, ax in ((x, in_axes[0]), (v, in_axes[1]))))
+  assert out2.shape[:2] == (2, 3) or out2.ndim == out.ndim + 1
+  if all(ax in (0, None) for ax in in_axes):
+    empty = [a if ax is None else a[:0] for a, ax in ((x, in_axes[0]), (v, in_axes[1]))]
+    assert jax.vmap(ours, in_axes)(*empty).shape[0] == 0
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NDHWC", "NCW"])
+def test_vmap_layouts_and_gather_scatter_pairs(layout):
+  nsd, cl = LAYOUTS[layout]
+  spatial = (5, 4, 6)[:nsd]
+  shape = (2, *spatial, 3) if cl else (2, 3, *spatial)
+  pool = lambda x: jaxdnn.max_pool(x, (2,) * nsd, (2,) * nsd, "SAME", layout=layout)
+  ref = lambda x: lax_max_pool(x, (2,) * nsd, (2,) * nsd, "SAME", layout=layout)
+  x = jnp.stack([case_inputs(shape, seed=s) for s in range(4)], axis=1)
+  hvp = lambda f: (lambda x, t: jax.jvp(jax.grad(lambda x: jnp.sum(jnp.sin(f(x)))), (x,),
+                                        (t,))[1])
+  t = case_inputs(x.shape, seed=20)
+  _assert_same(jax.vmap(hvp(pool), (1, 1))(x, t), jax.vmap(hvp(ref), (1, 1))(x, t))
+
+
+def test_jit_matches_eager_and_one_call_per_op():
+  x = case_inputs((2, 8, 8, 4), seed=21)
+  f = lambda x: jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME") + 0.5 * jaxdnn.avg_pool(
+      x, (3, 3), (2, 2), "SAME")
+  np.testing.assert_array_equal(jax.jit(f)(x), f(x))
+  assert sorted(_custom_calls(f, x)) == ["jaxdnn_avg_pool_fwd", "jaxdnn_max_pool_fwd"]
+  grad_calls = _custom_calls(jax.grad(lambda x: jnp.sum(f(x))), x)
+  assert sorted(grad_calls) == ["jaxdnn_avg_pool_bwd", "jaxdnn_max_pool_scatter"]
+  g = jax.grad(lambda x: jnp.sum(jnp.sin(f(x))))
+  np.testing.assert_array_equal(jax.jit(g)(x), g(x))
+
+
+def test_deterministic():
+  x = jnp.asarray(np.random.default_rng(22).integers(0, 4, (4, 32, 32, 8)), jnp.float32)
+  g = jax.jit(jax.grad(lambda x: jnp.sum(jnp.cos(jaxdnn.avg_pool(x, (5, 5), (1, 1), "SAME"))
+                                         + jaxdnn.max_pool(x, (3, 3), (1, 1), "SAME") ** 2)))
+  first = np.asarray(g(x))
+  for _ in range(3):
+    np.testing.assert_array_equal(np.asarray(g(x)), first)
+
+
+# ---------------------------------------------------------------------------------------------
+# Global pools.
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_global_pools(layout):
+  nsd, cl = LAYOUTS[layout]
+  spatial = (5, 3, 4)[:nsd]
+  shape = (2, *spatial, 6) if cl else (2, 6, *spatial)
+  axes = tuple(range(1, 1 + nsd)) if cl else tuple(range(2, 2 + nsd))
+  x = case_inputs(shape, seed=23)
+  _assert_same(jaxdnn.global_avg_pool(x, layout=layout), jnp.mean(x, axes))
+  np.testing.assert_array_equal(jaxdnn.global_max_pool(x, layout=layout), jnp.max(x, axes))
+  _assert_same(jaxdnn.global_avg_pool(x, layout=layout, keepdims=True),
+               jnp.mean(x, axes, keepdims=True))
+  np.testing.assert_array_equal(jaxdnn.global_max_pool(x, layout=layout, keepdims=True),
+                                jnp.max(x, axes, keepdims=True))
+  check_grads(lambda x: jaxdnn.global_avg_pool(x, layout=layout), (x,), order=2)
+  check_grads(lambda x: jaxdnn.global_max_pool(x, layout=layout), (x,), order=2, eps=1e-4)
+  if cl and nsd == 2:
+    np.testing.assert_array_equal(jaxdnn.global_max_pool(x), jnp.max(x, axes))
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors, and the CUDA backend.
+
+X = jnp.zeros((2, 6, 6, 3), jnp.float32)
+
+BAD = [
+    (lambda: jaxdnn.max_pool(X, (2, 2), (2,)), ValueError, "strides"),
+    (lambda: jaxdnn.max_pool(X, (2, 0)), ValueError, "window_shape"),
+    (lambda: jaxdnn.max_pool(X, (2, "a")), TypeError, "window_shape"),
+    (lambda: jaxdnn.max_pool(X, 2), TypeError, "window_shape"),
+    (lambda: jaxdnn.max_pool(X, (2, 2, 2, 2)), ValueError, "window_shape"),
+    (lambda: jaxdnn.max_pool(X, (2, 2), (0, 1)), ValueError, "strides"),
+    (lambda: jaxdnn.max_pool(X, (2, 2), padding="FULL"), ValueError, "padding"),
+    (lambda: jaxdnn.max_pool(X, (2, 2), padding=((1, 1),)), ValueError, "padding"),
+    (lambda: jaxdnn.max_pool(X, (2, 2), padding=((1, "a"), (1, 1))), TypeError, "padding"),
+    (lambda: jaxdnn.max_pool(X, (2, 2), layout="NHCW"), ValueError, "layout"),
+    (lambda: jaxdnn.max_pool(X, (2, 2), layout="NDHWC"), ValueError, "layout"),
+    (lambda: jaxdnn.max_pool(X, (2, 2), window_dilation=(1,)), ValueError, "window_dilation"),
+    (lambda: jaxdnn.max_pool(X, (2, 2), ceil_mode="yes"), TypeError, "ceil_mode"),
+    (lambda: jaxdnn.max_pool(X.astype(jnp.int32), (2, 2)), TypeError, "inputs"),
+    (lambda: jaxdnn.avg_pool(jnp.zeros((6, 3)), (2, 2)), ValueError, "inputs"),
+    (lambda: jaxdnn.global_avg_pool(jnp.zeros((2, 3))), ValueError, "rank"),
+    (lambda: jaxdnn.global_max_pool(X, layout="NCW"), ValueError, "rank"),
+    (lambda: jaxdnn.global_max_pool(jnp.zeros((2, 0, 3, 1))), ValueError, "non-empty"),
+]
+
+
+@pytest.mark.parametrize("fn,exc,match", BAD, ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD)])
+def test_bad_arguments(fn, exc, match):
+  with pytest.raises(exc, match=match):
+    fn()
+
+
+def test_primitive_shape_checks():
+  g = jax.eval_shape(lambda: None)  # noqa: F841 (keeps jax initialised)
+  geometry = pool_prims.PoolGeometry(True, (6, 6), (2, 2), (2, 2), (1, 1), (0, 0), (0, 0),
+                                     (0, 0), (0, 0))
+  with pytest.raises(ValueError, match="do not match the geometry"):
+    pool_prims.max_pool(jnp.zeros((2, 5, 6, 3)), geometry)
+  with pytest.raises(ValueError, match="rank"):
+    pool_prims.avg_pool(jnp.zeros((2, 6, 6)), geometry)
+  with pytest.raises(TypeError, match="share a dtype"):
+    pool_prims.max_pool_gather_p.bind(jnp.zeros((2, 6, 6, 3)), jnp.zeros((2, 6, 6, 3),
+                                      jnp.float32), geometry=geometry)
+
+
+def test_cuda_lowering_refuses():
+  x = jnp.zeros((2, 6, 6, 3), jnp.float32)
+  for fn in (lambda x: jaxdnn.max_pool(x, (2, 2)), lambda x: jaxdnn.avg_pool(x, (2, 2)),
+             jax.grad(lambda x: jaxdnn.max_pool(x, (2, 2)).sum())):
+    with pytest.raises(NotImplementedError, match="jaxdnn pooling has no CUDA kernel yet"):
+      jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",))
