@@ -159,32 +159,39 @@ inline void for_each_window_tap(const PoolProblem& p, const int64_t o[3], Fn&& f
   }
 }
 
-// Calls fn(tap, out_pixel) for the windows that cover input position i, in an order fixed for
-// i; `out_pixel` is the flat output position inside the image. `pairs` is scratch space.
-template <typename Fn>
-inline void for_each_covering_window(const PoolProblem& p, const int64_t i[3],
-                                     std::vector<int64_t>& pairs, Fn&& fn) {
-  // Input i is tap k of output o when o * stride = i + pad_lo - k * dilation. Per dimension,
-  // the valid (k, o) pairs go to `pairs` from offset begin[d], as [k, o, k, o, ...].
-  pairs.clear();
-  size_t begin[4];
-  for (int d = 0; d < 3; ++d) {
-    begin[d] = pairs.size();
-    for (int64_t k = 0; k < p.window[d]; ++k) {
-      const int64_t t = i[d] + p.pad_lo[d] - k * p.dilation[d];
-      if (t < 0) break;
-      if (t % p.stride[d] || t / p.stride[d] >= p.out[d]) continue;
-      pairs.push_back(k);
-      pairs.push_back(t / p.stride[d]);
+// Per dimension and input index i, the (tap, output index) pairs of the windows covering i:
+// input i is tap k of output o when o * stride = i + pad_lo - k * dilation.
+struct CoverLists {
+  std::vector<int64_t> begin[3];  // pairs of index i are [begin[d][i], begin[d][i + 1])
+  std::vector<int64_t> tap[3], out[3];
+
+  explicit CoverLists(const PoolProblem& p) {
+    for (int d = 0; d < 3; ++d) {
+      begin[d].assign(p.in[d] + 1, 0);
+      for (int64_t i = 0; i < p.in[d]; ++i) {
+        begin[d][i] = static_cast<int64_t>(tap[d].size());
+        for (int64_t k = 0; k < p.window[d]; ++k) {
+          const int64_t t = i + p.pad_lo[d] - k * p.dilation[d];
+          if (t < 0) break;
+          if (t % p.stride[d] || t / p.stride[d] >= p.out[d]) continue;
+          tap[d].push_back(k);
+          out[d].push_back(t / p.stride[d]);
+        }
+      }
+      begin[d][p.in[d]] = static_cast<int64_t>(tap[d].size());
     }
   }
-  begin[3] = pairs.size();
-  const int64_t* q = pairs.data();
-  for (size_t a = begin[0]; a < begin[1]; a += 2) {
-    for (size_t b = begin[1]; b < begin[2]; b += 2) {
-      const int64_t tap01 = q[a] * p.window[1] + q[b], out01 = q[a + 1] * p.out[1] + q[b + 1];
-      for (size_t c = begin[2]; c < begin[3]; c += 2)
-        fn(tap01 * p.window[2] + q[c], out01 * p.out[2] + q[c + 1]);
+};
+
+// Calls fn(tap, o0, o1, o2) for the windows covering input position i, in an order fixed for i.
+template <typename Fn>
+inline void for_each_covering_window(const PoolProblem& p, const CoverLists& L,
+                                     const int64_t i[3], Fn&& fn) {
+  for (int64_t a = L.begin[0][i[0]]; a < L.begin[0][i[0] + 1]; ++a) {
+    for (int64_t b = L.begin[1][i[1]]; b < L.begin[1][i[1] + 1]; ++b) {
+      const int64_t tap01 = L.tap[0][a] * p.window[1] + L.tap[1][b];
+      for (int64_t c = L.begin[2][i[2]]; c < L.begin[2][i[2] + 1]; ++c)
+        fn(tap01 * p.window[2] + L.tap[2][c], L.out[0][a], L.out[1][b], L.out[2][c]);
     }
   }
 }
@@ -238,6 +245,51 @@ struct PoolKernels {
           }
         });
         for (int64_t c = 0; c < C; ++c) yrow[o2 * C + c] = store<S>(m[c]);
+      }
+    });
+  }
+
+  // Single-channel problems (channels-first layouts): the inner loop runs along the output row.
+  template <bool kMax>
+  static void forward_single_channel(const PoolProblem& p, const S* x, S* y) {
+    const int64_t in_pixels = p.in[0] * p.in[1] * p.in[2], out2 = p.out[2];
+    std::vector<int64_t> f0, f1, f2;
+    if (!kMax) f0 = divisor_factors(p, 0), f1 = divisor_factors(p, 1), f2 = divisor_factors(p, 2);
+    for_rows(p.N, p.out, out2 * p.window_elems(), [&](int64_t n, int64_t o0, int64_t o1) {
+      std::vector<A> acc(out2, kMax ? -kInf<A> : A(0));
+      A* m = acc.data();
+      int64_t start[2], k0[2], k1[2];
+      const int64_t o[2] = {o0, o1};
+      for (int d = 0; d < 2; ++d) {
+        start[d] = o[d] * p.stride[d] - p.pad_lo[d];
+        tap_range(start[d], p.dilation[d], p.window[d], 0, p.in[d], &k0[d], &k1[d]);
+      }
+      const int64_t s2 = p.stride[2];
+      for (int64_t a = k0[0]; a < k1[0]; ++a) {
+        for (int64_t b = k0[1]; b < k1[1]; ++b) {
+          const int64_t i0 = start[0] + a * p.dilation[0], i1 = start[1] + b * p.dilation[1];
+          const S* xr = x + n * in_pixels + (i0 * p.in[1] + i1) * p.in[2];
+          for (int64_t c = 0; c < p.window[2]; ++c) {
+            const int64_t off = c * p.dilation[2] - p.pad_lo[2];  // input of output 0's tap c
+            int64_t q0, q1;  // outputs whose tap c is in bounds: 0 <= q * s2 + off < in
+            tap_range(off, s2, out2, 0, p.in[2], &q0, &q1);
+            if (kMax) {
+              for (int64_t q = q0; q < q1; ++q) {
+                const A v = load(xr[q * s2 + off]);
+                m[q] = (v > m[q] || v != v) ? v : m[q];
+              }
+            } else {
+              for (int64_t q = q0; q < q1; ++q) m[q] += load(xr[q * s2 + off]);
+            }
+          }
+        }
+      }
+      S* yrow = y + ((n * p.out[0] + o0) * p.out[1] + o1) * out2;
+      if (kMax) {
+        for (int64_t q = 0; q < out2; ++q) yrow[q] = store<S>(m[q]);
+      } else {
+        const A f01 = static_cast<A>(f0[o0] * f1[o1]);
+        for (int64_t q = 0; q < out2; ++q) yrow[q] = store<S>(m[q] / (f01 * A(f2[q])));
       }
     });
   }
@@ -315,9 +367,9 @@ struct PoolKernels {
         });
       }
     });
+    const CoverLists lists(p);
     for_rows(p.N, p.in, p.in[2] * C * 2, [&](int64_t n, int64_t i0, int64_t i1) {
       std::vector<A> acc(C);
-      std::vector<int64_t> pairs;
       const S* dyn = dy + n * out_pixels * C;
       const int32_t* an = arg + n * out_pixels * C;
       S* dxrow = dx + ((n * p.in[0] + i0) * p.in[1] + i1) * p.in[2] * C;
@@ -325,7 +377,9 @@ struct PoolKernels {
         const int64_t i[3] = {i0, i1, i2};
         std::fill(acc.begin(), acc.end(), A(0));
         A* g = acc.data();
-        for_each_covering_window(p, i, pairs, [&](int64_t tap, int64_t opix) {
+        for_each_covering_window(p, lists, i, [&](int64_t tap, int64_t q0, int64_t q1,
+                                                  int64_t q2) {
+          const int64_t opix = (q0 * p.out[1] + q1) * p.out[2] + q2;
           const int32_t k = static_cast<int32_t>(tap);
           const int32_t* ap = an + opix * C;
           const S* dp = dyn + opix * C;
@@ -364,18 +418,17 @@ struct PoolKernels {
     const int64_t C = p.C, out_pixels = p.out[0] * p.out[1] * p.out[2];
     const std::vector<int64_t> f0 = divisor_factors(p, 0), f1 = divisor_factors(p, 1),
                                f2 = divisor_factors(p, 2);
+    const CoverLists lists(p);
     for_rows(p.N, p.in, p.in[2] * C * 2, [&](int64_t n, int64_t i0, int64_t i1) {
       std::vector<A> acc(C);
-      std::vector<int64_t> pairs;
       const S* dyn = dy + n * out_pixels * C;
       S* dxrow = dx + ((n * p.in[0] + i0) * p.in[1] + i1) * p.in[2] * C;
       for (int64_t i2 = 0; i2 < p.in[2]; ++i2) {
         const int64_t i[3] = {i0, i1, i2};
         std::fill(acc.begin(), acc.end(), A(0));
         A* g = acc.data();
-        for_each_covering_window(p, i, pairs, [&](int64_t, int64_t opix) {
-          const int64_t q2 = opix % p.out[2], q1 = (opix / p.out[2]) % p.out[1],
-                        q0 = opix / (p.out[2] * p.out[1]);
+        for_each_covering_window(p, lists, i, [&](int64_t, int64_t q0, int64_t q1, int64_t q2) {
+          const int64_t opix = (q0 * p.out[1] + q1) * p.out[2] + q2;
           const A inv = A(1) / static_cast<A>(f0[q0] * f1[q1] * f2[q2]);
           const S* dp = dyn + opix * C;
           for (int64_t c = 0; c < C; ++c) g[c] += load(dp[c]) * inv;
@@ -391,10 +444,14 @@ struct PoolKernels {
     const S* bs = static_cast<const S*>(b);
     S* os = static_cast<S*>(out);
     switch (op) {
-      case PoolOp::kMaxForward: max_forward(p, as, os); break;
+      case PoolOp::kMaxForward:
+        p.C == 1 ? forward_single_channel<true>(p, as, os) : max_forward(p, as, os);
+        break;
       case PoolOp::kMaxGather: max_gather(p, as, bs, os); break;
       case PoolOp::kMaxScatter: max_scatter(p, as, bs, os, static_cast<int32_t*>(workspace)); break;
-      case PoolOp::kAvgForward: avg_forward(p, as, os); break;
+      case PoolOp::kAvgForward:
+        p.C == 1 ? forward_single_channel<false>(p, as, os) : avg_forward(p, as, os);
+        break;
       case PoolOp::kAvgBackward: avg_backward(p, as, os); break;
     }
   }

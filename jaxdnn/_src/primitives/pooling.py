@@ -228,6 +228,13 @@ def _cpu_impl(prim, *args, geometry):
   if 0 in out_aval.shape:
     return jnp.zeros(out_aval.shape, out_aval.dtype)
   target, _, _ = _SIGNATURES[prim]
+  if not g.channels_last and prim in (max_pool_gather_p, max_pool_scatter_p):
+    # The arg-max kernels vectorize over channels only: channels-first operands are transposed
+    # to channels-last (two copies; far cheaper than one-channel arg-max loops).
+    to_last = (0, *range(2, len(out_aval.shape)), 1)
+    last = dataclasses.replace(g, channels_last=True)
+    out = _cpu_impl(prim, *(jnp.transpose(a, to_last) for a in args), geometry=last)
+    return jnp.transpose(out, np.argsort(to_last))
   kernel_args = [a.reshape(_kernel_shape(a.shape, g)) for a in args]
   results = [jax.ShapeDtypeStruct(_kernel_shape(out_aval.shape, g), out_aval.dtype)]
   if prim is max_pool_scatter_p:  # one int32 arg-max tap per output element
