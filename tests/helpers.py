@@ -24,14 +24,14 @@ GENERAL_FAMILIES = (
     jaxdnn.ConvAlgo.IMPLICIT_GEMM,
     jaxdnn.ConvAlgo.IMPLICIT_PRECOMP_GEMM,
 )
-# The families with CPU kernels: the general ones, and WINOGRAD_NONFUSED (2-D 3x3 filters,
-# stride 1, no dilation; tests skip it through require_supported elsewhere).
-FAMILIES = (*GENERAL_FAMILIES, jaxdnn.ConvAlgo.WINOGRAD_NONFUSED)
+# The families with CPU kernels: the general ones, WINOGRAD_NONFUSED (2-D 3x3 filters, stride 1,
+# no dilation) and WINOGRAD (the same geometry; forward and backward-data only). Tests skip the
+# problems a family refuses through require_supported.
+FAMILIES = (*GENERAL_FAMILIES, jaxdnn.ConvAlgo.WINOGRAD_NONFUSED, jaxdnn.ConvAlgo.WINOGRAD)
 # cuDNN's families with no CPU kernel at all (they must be refused).
 KERNEL_LESS = (
     jaxdnn.ConvAlgo.FFT,
     jaxdnn.ConvAlgo.FFT_TILING,
-    jaxdnn.ConvAlgo.WINOGRAD,
 )
 ALGOS = (*FAMILIES, "auto")
 

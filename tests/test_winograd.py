@@ -1,7 +1,9 @@
-"""WINOGRAD_NONFUSED on the CPU: tile edge cases, both tile sizes, float32 error, refusals.
+"""WINOGRAD_NONFUSED and WINOGRAD on the CPU: tile edge cases, both tile sizes, float32 error,
+refusals.
 
-The kernel uses F(4x4, 3x3) unless the output of a pass is smaller than 4 on a side, where it uses
-F(2x2, 3x3); images smaller than a tile, sizes that are not multiples of the tile, negative and
+WINOGRAD_NONFUSED uses F(4x4, 3x3) unless the output of a pass is smaller than 4 on a side, where
+it uses F(2x2, 3x3); WINOGRAD (fused, forward and backward-data) always F(2x2, 3x3). Images
+smaller than a tile, sizes that are not multiples of the tile, negative and
 asymmetric padding (tiles reading past the image), groups, channel counts 1 and 3, depth slices of
 a 3-D problem and chunked tile loops (a float64 problem bigger than one chunk) are covered below,
 each for forward, backward-data and backward-filter against float64 lax.
@@ -27,6 +29,7 @@ from tolerances import BF16, F16, F32, F64, assert_close, tolerance
 pytestmark = pytest.mark.skipif(PLATFORM != "cpu", reason="the CPU Winograd kernels")
 
 WINO = jaxdnn.ConvAlgo.WINOGRAD_NONFUSED
+FUSED = jaxdnn.ConvAlgo.WINOGRAD
 
 CASES = [
     Case("1x1-image-c3", (2, 1, 1, 3), (3, 3, 3, 2), (1, 1), "SAME", dnums=NHWC),
@@ -48,27 +51,33 @@ CASES = [
 PARAMS = [pytest.param(c, id=c.id) for c in CASES]
 
 
-def _vjp_all(conv):
+def _vjp_all(conv, with_filter=True):
+  """(y, dx, dw) of conv at (x, w) with cotangent ct; (y, dx) when not with_filter."""
   def f(x, w, ct):
+    if not with_filter:
+      y, vjp = jax.vjp(lambda x: conv(x, w), x)
+      return (y, *vjp(ct))
     y, vjp = jax.vjp(conv, x, w)
     return (y, *vjp(ct))
   return f
 
 
-def _check_all_ops(case, dtype, seed=0):
+def _check_all_ops(case, dtype, seed=0, algo=WINO):
   x = rand(case.lhs, dtype, seed=seed)
   w = rand(case.rhs, dtype, seed=seed + 1)
   ref = functools.partial(lax_conv_hi, **case.kwargs())
   ct = rand(jax.eval_shape(ref, x, w).shape, dtype, seed=seed + 2)
-  mine = _vjp_all(functools.partial(jaxdnn.conv, **case.kwargs(), algo=WINO))
-  require_supported(WINO, mine, x, w, ct)
+  with_filter = algo == WINO  # WINOGRAD has no backward-filter kernel
+  mine = _vjp_all(functools.partial(jaxdnn.conv, **case.kwargs(), algo=algo), with_filter)
+  require_supported(algo, mine, x, w, ct)
   got = mine(x, w, ct)
-  want = _vjp_all(ref)(x.astype(F64), w.astype(F64), ct.astype(F64))
+  want = _vjp_all(ref, with_filter)(x.astype(F64), w.astype(F64), ct.astype(F64))
   errors = {}
   for name, a, b in zip(("forward", "backward-data", "backward-filter"), got, want):
     assert a.dtype == dtype
-    assert_close(a, b, tolerance(dtype), f"{case.id} {name}")
+    assert_close(a, b, tolerance(dtype), f"{case.id} {algo.name} {name}")
     errors[name] = float(np.linalg.norm(np.asarray(a, F64) - b) / max(np.linalg.norm(b), 1e-300))
+  assert len(errors) == (3 if with_filter else 2)
   return errors
 
 
@@ -82,10 +91,29 @@ def test_odd_cases_are_supported():
       assert algorithms.unsupported_reason("cpu", op, WINO, g, n, c, k, kin, kout, prec) == ""
 
 
+@pytest.mark.parametrize("algo", [WINO, FUSED], ids=lambda a: a.value)
 @pytest.mark.parametrize("dtype", [pytest.param(F64, id="float64"), pytest.param(F32, id="float32")])
 @pytest.mark.parametrize("case", PARAMS)
-def test_all_ops_match_lax(case, dtype):
-  _check_all_ops(case, dtype)
+def test_all_ops_match_lax(case, dtype, algo):
+  _check_all_ops(case, dtype, algo=algo)
+
+
+def test_fused_many_tile_blocks():
+  """More tiles than one fused block, blocks split over the threads, channels not a multiple of
+  the transform's channel block."""
+  case = Case("fused-blocks", (3, 21, 19, 20), (3, 3, 20, 18), (1, 1), "SAME", dnums=NHWC)
+  for dtype in (F64, F32):
+    _check_all_ops(case, dtype, algo=FUSED)
+
+
+def test_fused_refuses_backward_filter():
+  case = CASES[3]
+  x, w = rand(case.lhs, F32), rand(case.rhs, F32)
+  conv = functools.partial(jaxdnn.conv, **case.kwargs(), algo=FUSED)
+  with pytest.raises(ValueError, match="WINOGRAD has no backward-filter kernel") as info:
+    jax.grad(lambda w: jnp.sum(conv(x, w)))(w)
+  listed = _listed(str(info.value))
+  assert WINO.name in listed and "DIRECT" in listed and FUSED.name not in listed
 
 
 def test_chunked_tile_loop_float64():
@@ -116,6 +144,12 @@ def test_check_grads_second_order(case):
   check_grads(conv, (x, w), order=2, modes=("fwd", "rev"))
 
 
+def _listed(msg):
+  """The family names after "Families that can:" in a refusal."""
+  tail = msg.split("Families that can:")[1].split("(or")[0]
+  return {name.strip(" .") for name in tail.split(",")}
+
+
 REFUSED = [
     pytest.param(dict(window_strides=(2, 2)), (3, 3), "window_strides 1", id="stride2"),
     pytest.param(dict(window_strides=(1, 1)), (5, 5), "3x3 filter", id="5x5"),
@@ -137,10 +171,12 @@ def test_unsupported_geometry_raises_naming_families_that_can(kwargs, filt, reas
     call(algo=WINO)
   msg = str(info.value)
   assert "algo=WINOGRAD_NONFUSED" in msg and reason in msg, msg
-  listed = msg.split("Families that can:")[1]
+  listed = _listed(msg)
   for family in GENERAL_FAMILIES:
     assert family.name in listed, msg
-  assert WINO.name not in listed, msg
+  assert WINO.name not in listed and FUSED.name not in listed, msg
+  with pytest.raises(ValueError, match=reason):
+    call(algo=FUSED)
   # `auto` never picks it there, and still runs.
   y = call(algo="auto")
   assert_close(y, lax_conv_hi(x.astype(F64), w.astype(F64), dimension_numbers=NHWC, **kwargs),
@@ -150,8 +186,9 @@ def test_unsupported_geometry_raises_naming_families_that_can(kwargs, filt, reas
 def test_1d_filter_refused():
   x = rand((2, 9, 3), F32)
   w = rand((3, 3, 4), F32)
-  with pytest.raises(ValueError, match="2-D 3x3 filter"):
-    jaxdnn.conv(x, w, (1,), "SAME", dimension_numbers=NWC, algo=WINO)
+  for algo in (WINO, FUSED):
+    with pytest.raises(ValueError, match="2-D 3x3 filter"):
+      jaxdnn.conv(x, w, (1,), "SAME", dimension_numbers=NWC, algo=algo)
 
 
 @pytest.mark.parametrize("op", list(ConvOp))

@@ -130,6 +130,7 @@ size_t algo_workspace_bytes(ConvOp op, ConvAlgo algo, const ConvProblem& p, size
     case ConvAlgo::kImplicitGemm: return implicit_gemm_workspace_bytes(op, p, elem, false);
     case ConvAlgo::kImplicitPrecompGemm: return implicit_gemm_workspace_bytes(op, p, elem, true);
     case ConvAlgo::kWinogradNonfused: return winograd_nonfused_workspace_bytes(op, p, elem);
+    case ConvAlgo::kWinograd: return winograd_fused_workspace_bytes(op, p, elem);
     default: return 0;
   }
 }
@@ -184,6 +185,7 @@ void run_typed(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType o
     case ConvAlgo::kImplicitGemm: implicit_gemm_conv<T>(op, p, io, false); break;
     case ConvAlgo::kImplicitPrecompGemm: implicit_gemm_conv<T>(op, p, io, true); break;
     case ConvAlgo::kWinogradNonfused: winograd_nonfused_conv<T>(op, p, io); break;
+    case ConvAlgo::kWinograd: winograd_fused_conv<T>(op, p, io); break;
     default: break;
   }
   if (out_dtype != acc) narrow(out_t, out_dtype, out, nout);
@@ -192,7 +194,6 @@ void run_typed(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType o
 }  // namespace
 
 std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
-  (void)op;
   if (std::string why = validate_problem(p); !why.empty()) return why;
   switch (algo) {
     case ConvAlgo::kDirect:
@@ -202,6 +203,8 @@ std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
       return "";
     case ConvAlgo::kWinogradNonfused:
       return winograd_unsupported(p);
+    case ConvAlgo::kWinograd:
+      return winograd_fused_unsupported(op, p);
     default:
       return std::string(conv_algo_name(algo)) + " has no CPU kernel yet";
   }

@@ -46,6 +46,11 @@ size_t implicit_gemm_workspace_bytes(ConvOp op, const ConvProblem& p, size_t ele
 template <typename T> void winograd_nonfused_conv(ConvOp op, const ConvProblem& p,
                                                   const ConvOperands<T>& io);
 size_t winograd_nonfused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes);
+// WINOGRAD (conv_winograd.cc): fused F(2x2, 3x3) per block of tiles; forward and backward-data.
+template <typename T> void winograd_fused_conv(ConvOp op, const ConvProblem& p,
+                                               const ConvOperands<T>& io);
+size_t winograd_fused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes);
+std::string winograd_fused_unsupported(ConvOp op, const ConvProblem& p);
 // "" when the Winograd kernels handle the geometry of p, else the reason.
 std::string winograd_unsupported(const ConvProblem& p);
 // Output tile edge (4 or 2) the kernel uses for (op, p).

@@ -1,5 +1,7 @@
-// WINOGRAD_NONFUSED family: minimal filtering F(m x m, 3 x 3), m = 4 or 2, in separate passes
-// through the workspace, with the per-point channel contractions as matrix products (gemm.h).
+// WINOGRAD_NONFUSED and WINOGRAD families: minimal filtering F(m x m, 3 x 3). NONFUSED: m = 4 or
+// 2, in separate passes through the workspace, with the per-point channel contractions as matrix
+// products (gemm.h). WINOGRAD (fused): F(2x2, 3x3), each thread taking small blocks of tiles
+// through input transform, products and output transform in its own cache-resident buffers.
 //
 // 1-D minimal filtering F(m, 3) evaluates the correlation y[i] = sum_r g[r] d[i + r], i < m, from
 // an input tile of a = m + 2 samples with a multiplications (polynomial interpolation at a points):
@@ -95,6 +97,8 @@ struct Wino<4> {
 constexpr int kCB = 16;
 // Workspace for the transformed input and output of one chunk of tiles.
 constexpr int64_t kChunkBytes = int64_t{3} << 20;
+// Tiles per block of the fused variant (its per-thread buffers hold 16 * kFusedTiles * channels).
+constexpr int64_t kFusedTiles = 24;
 
 // y[i][j][c] = sum_{u, v} L[i][u] x[u][v][c] R[j][v] for all kCB channels c (x: [U][V][kCB],
 // y: [I][J][kCB]). The matrices are compile-time constants, so zero terms fold away.
@@ -259,6 +263,33 @@ void input_transform(const Pass& ps, const T* in, int64_t t0, int64_t nt, int64_
   }, 4);
 }
 
+// Output transform of tiles [t0, t0 + nt): Y = AT Mo AT^T from Mo[xi][t - t0][k] (point stride
+// TB * Co), cropped to the P x Q output.
+template <typename T, int M>
+void output_transform(const Pass& ps, T* out, int64_t t0, int64_t nt, int64_t TB, const T* Mo) {
+  constexpr int A2 = Wino<M>::A * Wino<M>::A;
+  const int64_t th = (ps.P + M - 1) / M, tw = (ps.Q + M - 1) / M;
+  parallel_for(nt, [&](int64_t b, int64_t e) {
+    alignas(64) T m[A2 * kCB], y[M * M * kCB];
+    for (int64_t tt = b; tt < e; ++tt) {
+      const int64_t t = t0 + tt, pl = t / (th * tw), ti = t / tw % th, tj = t % tw;
+      T* base = out + ps.plane_off(ps.os, pl);
+      const int64_t mh = std::min<int64_t>(M, ps.P - ti * M);
+      const int64_t mw = std::min<int64_t>(M, ps.Q - tj * M);
+      for (int64_t k0 = 0; k0 < ps.Co; k0 += kCB) {
+        const int64_t kb = std::min<int64_t>(kCB, ps.Co - k0);
+        for (int xi = 0; xi < A2; ++xi)
+          load_block(m + xi * kCB, Mo + (xi * TB + tt) * ps.Co + k0, 1, kb);
+        sandwich<T>(Wino<M>::AT, Wino<M>::AT, m, y);
+        for (int64_t i = 0; i < mh; ++i)
+          for (int64_t j = 0; j < mw; ++j)
+            store_block(base + (ti * M + i) * ps.os.sp[1] + (tj * M + j) * ps.os.sp[2] +
+                            k0 * ps.os.c, y + (i * M + j) * kCB, ps.os.c, kb);
+      }
+    }
+  }, 4);
+}
+
 // One (point, group) filter matrix U (Cg x Kg) in gemm's packed-B format (gemm.h): blocks of KC
 // rows; in block b (kc rows), sliver s of NR columns at b * KC * Npad + s * kc * NR, element
 // (c, k) at + (c % KC) * NR + k % NR. Columns Kg..Npad are zero.
@@ -303,14 +334,18 @@ void point_products(int64_t A2, int64_t G, int64_t nt, int64_t TB, int64_t Ci, i
   });
 }
 
+// fused == false (WINOGRAD_NONFUSED): steps 2-4 each run over a whole chunk of TB tiles, in
+// parallel within the step. fused == true (WINOGRAD): each thread takes blocks of kFusedTiles
+// tiles through steps 2-4 in its own cache-resident buffers (no transformed-input buffer in the
+// workspace); the nested steps run serially on that thread.
 template <typename T, int M>
 void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterView& wf,
-                  void* workspace) {
+                  bool fused, void* workspace) {
   constexpr int A = Wino<M>::A, A2 = A * A;
   const int64_t G = ps.G, Cg = ps.Cig(), Kg = ps.Cog();
   const int64_t tiles = tiles_of(ps, M);
   if (tiles == 0) return;  // empty output
-  const int64_t TB = chunk_tiles(tiles, A, ps.Ci, ps.Co, sizeof(T));
+  const int64_t TB = fused ? 0 : chunk_tiles(tiles, A, ps.Ci, ps.Co, sizeof(T));
   const PackedU<T> pu(Cg, Kg);
   T* U = static_cast<T*>(workspace);  // [A2][G] packed Cg x Kg panels
   T* V = U + A2 * G * pu.size();      // [A2][TB][Ci]
@@ -341,7 +376,20 @@ void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterV
       }
     }
   }, 4);
-  const int64_t th = (ps.P + M - 1) / M, tw = (ps.Q + M - 1) / M;
+  if (fused) {
+    const int64_t FB = kFusedTiles;
+    parallel_for((tiles + FB - 1) / FB, [&](int64_t b, int64_t e) {
+      T* Vb = gemm_scratch<T>(2, static_cast<size_t>(A2 * FB * ps.Ci));
+      T* Mb = gemm_scratch<T>(3, static_cast<size_t>(A2 * FB * ps.Co));
+      for (int64_t blk = b; blk < e; ++blk) {
+        const int64_t t0 = blk * FB, nt = std::min(FB, tiles - t0);
+        input_transform<T, M>(ps, in, t0, nt, FB, Vb);
+        point_products<T>(A2, G, nt, FB, ps.Ci, ps.Co, pu, Kg, Vb, U, Mb);
+        output_transform<T, M>(ps, out, t0, nt, FB, Mb);
+      }
+    }, 1, 2);
+    return;
+  }
   for (int64_t t0 = 0; t0 < tiles; t0 += TB) {
     const int64_t nt = std::min(TB, tiles - t0);
     // 2. V = BT d BT^T.
@@ -349,25 +397,7 @@ void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterV
     // 3. Mo[xi] = V[xi] * U[xi], per group.
     point_products<T>(A2, G, nt, TB, ps.Ci, ps.Co, pu, Kg, V, U, Mo);
     // 4. Y = AT Mo AT^T, cropped to P x Q.
-    parallel_for(nt, [&](int64_t b, int64_t e) {
-      alignas(64) T m[A2 * kCB], y[M * M * kCB];
-      for (int64_t tt = b; tt < e; ++tt) {
-        const int64_t t = t0 + tt, pl = t / (th * tw), ti = t / tw % th, tj = t % tw;
-        T* base = out + ps.plane_off(ps.os, pl);
-        const int64_t mh = std::min<int64_t>(M, ps.P - ti * M), mw = std::min<int64_t>(M, ps.Q - tj * M);
-        for (int64_t k0 = 0; k0 < ps.Co; k0 += kCB) {
-          const int64_t kb = std::min<int64_t>(kCB, ps.Co - k0);
-          for (int xi = 0; xi < A2; ++xi)
-            load_block(m + xi * kCB, Mo + (xi * TB + tt) * ps.Co + k0, 1, kb);
-          sandwich<T>(Wino<M>::AT, Wino<M>::AT, m, y);
-          for (int64_t i = 0; i < mh; ++i)
-            for (int64_t j = 0; j < mw; ++j) {
-              store_block(base + (ti * M + i) * ps.os.sp[1] + (tj * M + j) * ps.os.sp[2] +
-                              k0 * ps.os.c, y + (i * M + j) * kCB, ps.os.c, kb);
-            }
-        }
-      }
-    }, 4);
+    output_transform<T, M>(ps, out, t0, nt, TB, Mo);
   }
 }
 
@@ -449,12 +479,12 @@ void backward_filter(const ConvProblem& p, const T* x, const T* dy, T* dw, void*
 }
 
 template <typename T, int M>
-void run(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
+void run(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool fused) {
   switch (op) {
     case ConvOp::kForward:
     case ConvOp::kBackwardData:
       forward_pass<T, M>(make_pass(op, p), io.a, io.out, io.b,
-                         filter_view(p, op == ConvOp::kBackwardData), io.workspace);
+                         filter_view(p, op == ConvOp::kBackwardData), fused, io.workspace);
       break;
     case ConvOp::kBackwardFilter:
       backward_filter<T, M>(p, io.a, io.b, io.out, io.workspace);
@@ -497,12 +527,35 @@ size_t winograd_nonfused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t
 template <typename T>
 void winograd_nonfused_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
   if (winograd_tile(op, p) == 4)
-    run<T, 4>(op, p, io);
+    run<T, 4>(op, p, io, false);
   else
-    run<T, 2>(op, p, io);
+    run<T, 2>(op, p, io, false);
+}
+
+std::string winograd_fused_unsupported(ConvOp op, const ConvProblem& p) {
+  if (op == ConvOp::kBackwardFilter)
+    return "WINOGRAD has no backward-filter kernel (its sum over tiles is not a per-tile-block "
+           "pass; as in cuDNN, use WINOGRAD_NONFUSED)";
+  return winograd_unsupported(p);
+}
+
+size_t winograd_fused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes) {
+  if (!winograd_fused_unsupported(op, p).empty()) return 0;
+  const Pass ps = make_pass(op, p);
+  if (tiles_of(ps, 2) == 0) return 0;
+  // The packed filter transform only: [16][G] panels of Cg x round_up(Kg, NR).
+  const int64_t nr = elem_bytes == 8 ? GemmShape<double>::NR : GemmShape<float>::NR;
+  return static_cast<size_t>(16 * ps.Ci * gemm_round_up(ps.Co / p.G, nr)) * elem_bytes;
+}
+
+template <typename T>
+void winograd_fused_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
+  run<T, 2>(op, p, io, true);
 }
 
 template void winograd_nonfused_conv<float>(ConvOp, const ConvProblem&, const ConvOperands<float>&);
 template void winograd_nonfused_conv<double>(ConvOp, const ConvProblem&, const ConvOperands<double>&);
+template void winograd_fused_conv<float>(ConvOp, const ConvProblem&, const ConvOperands<float>&);
+template void winograd_fused_conv<double>(ConvOp, const ConvProblem&, const ConvOperands<double>&);
 
 }  // namespace jaxdnn::cpu

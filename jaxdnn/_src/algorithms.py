@@ -86,6 +86,10 @@ FAMILY_NOTES = {
         "36 (16) per-point channel products; 2-D 3x3 filters, stride 1, no dilation. Relative "
         "error bound 1e-5 in float32 (measured <= 3.2e-6 on the 3x3 benchmark layers), 1e-12 "
         "in float64"),
+    ConvAlgo.WINOGRAD: (
+        "CPU: fused F(2x2,3x3): per thread, blocks of 24 tiles through input transform, 16 "
+        "products and output transform in cache-resident buffers; forward and backward-data "
+        "only (no backward-filter, as in cuDNN). Same geometry and bounds as WINOGRAD_NONFUSED"),
 }
 
 
