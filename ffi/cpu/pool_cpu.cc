@@ -226,6 +226,16 @@ void for_rows(int64_t N, const int64_t extent[3], int64_t row_work, Fn&& fn) {
 template <typename S>
 struct PoolKernels {
   using A = Acc<S>;
+  // float32 and float64 results accumulate in the output row itself (one pass fewer).
+  static constexpr bool kAccumulateInPlace = std::is_same_v<S, A>;
+
+  static A* row_accumulator(S* row, std::vector<A>& scratch) {
+    if constexpr (kAccumulateInPlace) {
+      return row;
+    } else {
+      return scratch.data();
+    }
+  }
 
   static void max_forward(const PoolProblem& p, const S* x, S* y) {
     const int64_t C = p.C, in_pixels = p.in[0] * p.in[1] * p.in[2];
@@ -375,8 +385,8 @@ struct PoolKernels {
       S* dxrow = dx + ((n * p.in[0] + i0) * p.in[1] + i1) * p.in[2] * C;
       for (int64_t i2 = 0; i2 < p.in[2]; ++i2) {
         const int64_t i[3] = {i0, i1, i2};
-        std::fill(acc.begin(), acc.end(), A(0));
-        A* g = acc.data();
+        A* g = row_accumulator(dxrow + i2 * C, acc);
+        std::fill(g, g + C, A(0));
         for_each_covering_window(p, lists, i, [&](int64_t tap, int64_t q0, int64_t q1,
                                                   int64_t q2) {
           const int64_t opix = (q0 * p.out[1] + q1) * p.out[2] + q2;
@@ -385,7 +395,8 @@ struct PoolKernels {
           const S* dp = dyn + opix * C;
           for (int64_t c = 0; c < C; ++c) g[c] += ap[c] == k ? load(dp[c]) : A(0);
         });
-        for (int64_t c = 0; c < C; ++c) dxrow[i2 * C + c] = store<S>(g[c]);
+        if (!kAccumulateInPlace)
+          for (int64_t c = 0; c < C; ++c) dxrow[i2 * C + c] = store<S>(g[c]);
       }
     });
   }
@@ -425,15 +436,16 @@ struct PoolKernels {
       S* dxrow = dx + ((n * p.in[0] + i0) * p.in[1] + i1) * p.in[2] * C;
       for (int64_t i2 = 0; i2 < p.in[2]; ++i2) {
         const int64_t i[3] = {i0, i1, i2};
-        std::fill(acc.begin(), acc.end(), A(0));
-        A* g = acc.data();
+        A* g = row_accumulator(dxrow + i2 * C, acc);
+        std::fill(g, g + C, A(0));
         for_each_covering_window(p, lists, i, [&](int64_t, int64_t q0, int64_t q1, int64_t q2) {
           const int64_t opix = (q0 * p.out[1] + q1) * p.out[2] + q2;
           const A inv = A(1) / static_cast<A>(f0[q0] * f1[q1] * f2[q2]);
           const S* dp = dyn + opix * C;
           for (int64_t c = 0; c < C; ++c) g[c] += load(dp[c]) * inv;
         });
-        for (int64_t c = 0; c < C; ++c) dxrow[i2 * C + c] = store<S>(g[c]);
+        if (!kAccumulateInPlace)
+          for (int64_t c = 0; c < C; ++c) dxrow[i2 * C + c] = store<S>(g[c]);
       }
     });
   }
