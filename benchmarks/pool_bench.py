@@ -40,6 +40,11 @@ def _jaxdnn_fn(kind, layout, window, strides, padding):
 
 
 def _xla_fn(kind, layout, window, strides, padding):
+  fn = _xla_fn_any_dtype(kind, layout, window, strides, padding)
+  return lambda x: fn(x).astype(x.dtype)  # flax's exclusive avg_pool promotes 16-bit inputs
+
+
+def _xla_fn_any_dtype(kind, layout, window, strides, padding):
   if kind == "global_avg":
     return lambda x: jnp.mean(x, axis=(1, 2) if layout == "NHWC" else (2, 3))
   if layout == "NHWC":  # flax's pooling is lax.reduce_window

@@ -96,12 +96,10 @@ ffi::Error run_pool_call(PoolOp op, ffi::RemainingArgs args, ffi::RemainingRets 
   auto a = args.get<ffi::AnyBuffer>(0);
   auto out = rets.get<ffi::AnyBuffer>(0);
   if (a.has_error() || out.has_error()) return pool_invalid("operands must be arrays");
-  const ffi::AnyBuffer* b = nullptr;
-  ffi::ErrorOr<ffi::AnyBuffer> b_or = binary ? args.get<ffi::AnyBuffer>(1) : a;
-  if (binary) {
-    if (b_or.has_error()) return pool_invalid("operands must be arrays");
-    b = &*b_or;
-  }
+  // The second operand (t of the gather, dy of the scatter); unary operations have none.
+  auto second = args.get<ffi::AnyBuffer>(binary ? 1 : 0);
+  if (second.has_error()) return pool_invalid("operands must be arrays");
+  const ffi::AnyBuffer* b = binary ? &*second : nullptr;
 
   const int nsd = static_cast<int>(a->dimensions().size()) - 2;
   if (nsd < 1 || nsd > 3) return pool_invalid("operands must have 1 to 3 spatial dimensions");
@@ -125,14 +123,16 @@ ffi::Error run_pool_call(PoolOp op, ffi::RemainingArgs args, ffi::RemainingRets 
   if (!pool_split(x.dimensions(), nsd, &xn, p.in, &xc) ||
       !pool_split(y.dimensions(), nsd, &yn, ys, &yc))
     return pool_invalid("operand ranks do not match");
-  if (op == PoolOp::kMaxGather && b->dimensions().size() != x.dimensions().size())
-    return pool_invalid("the tangent must have the input's shape");
   if (op == PoolOp::kMaxGather) {
+    if (b->dimensions().size() != x.dimensions().size())
+      return pool_invalid("the tangent must have the input's shape");
     for (size_t i = 0; i < x.dimensions().size(); ++i)
       if (b->dimensions()[i] != x.dimensions()[i])
         return pool_invalid("the tangent must have the input's shape");
   }
   if (op == PoolOp::kMaxScatter) {
+    if (result.dimensions().size() != x.dimensions().size())
+      return pool_invalid("the result must have the input's shape");
     for (size_t i = 0; i < x.dimensions().size(); ++i)
       if (result.dimensions()[i] != x.dimensions()[i])
         return pool_invalid("the result must have the input's shape");

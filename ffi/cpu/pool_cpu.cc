@@ -76,9 +76,10 @@ template <> inline double store<double>(double v) { return v; }
 template <> inline BF16 store<BF16>(float v) {
   uint32_t bits;
   std::memcpy(&bits, &v, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return BF16{static_cast<uint16_t>((bits >> 16) | 0x40)};
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return BF16{static_cast<uint16_t>(bits >> 16)};
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;  // to nearest even
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  // A select rather than a branch, so that loops of stores vectorize.
+  return BF16{static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
 }
 
 template <> inline F16 store<F16>(float v) {

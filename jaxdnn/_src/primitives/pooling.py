@@ -12,8 +12,11 @@ is G(x, t); x enters G and S only through the arg-max selection, which is locall
 their JVPs in x are zero and every derivative of max pooling, of any order and mode, is a chain
 of G and S. Likewise A and A^T transpose into each other.
 
-The arg-max is lax's: the first in-bounds tap in window order, replaced by a later tap v unless
-the current one is >= v (so ties go to the first, as jax.grad of a max reduce_window does).
+The arg-max is the one jax.grad of a max reduce_window (select_and_scatter with `ge`) routes to:
+the first tap in window order, replaced by a later tap v unless the current one is >= v, where
+padding taps take part as -inf and route nothing. So ties go to the first tap; a NaN selection is
+always replaced. (lax's own JVP, select_and_gather_add, breaks 2-D ties differently on XLA:CPU;
+jaxdnn's JVP uses the gradient's rule, so G and S stay exact transposes.)
 
 Operands are channels-last (N, spatial..., C) or channels-first (N, C, spatial...) per the
 geometry; the CPU kernels see channels-first arrays as N*C single-channel images.
