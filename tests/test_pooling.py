@@ -337,8 +337,9 @@ def test_ties_match_lax(layout):
   np.testing.assert_array_equal(jax.jvp(ours, (x,), (t,))[1].ravel(), selection @ t.ravel())
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 @pytest.mark.parametrize("special", ["neg_inf", "nan", "pos_inf", "mixed"])
-def test_inf_nan_like_lax(special):
+def test_inf_nan_like_lax(special, layout):
   x = np.array(case_inputs((2, 6, 7, 3), seed=10))
   rng = np.random.default_rng(11)
   mask = rng.random(x.shape) < 0.25
@@ -349,12 +350,19 @@ def test_inf_nan_like_lax(special):
     x[mask] = values[special]
   x[0, :3, :3, 0] = -np.inf  # a window of only -inf
   x = jnp.asarray(x)
-  _assert_same(jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME"), _ref_max_nhwc(x), what="max")
+  # jaxdnn runs in `layout`; the oracles in NHWC
+  to_layout = (lambda a: a) if layout == "NHWC" else (lambda a: jnp.transpose(a, (0, 3, 1, 2)))
+  from_layout = (lambda a: a) if layout == "NHWC" else (lambda a: jnp.transpose(a, (0, 2, 3, 1)))
+  max_pool = lambda x: from_layout(jaxdnn.max_pool(to_layout(x), (3, 3), (2, 2), "SAME",
+                                                   layout=layout))
+  avg_pool = lambda x, include: from_layout(jaxdnn.avg_pool(to_layout(x), (3, 3), (2, 2), "SAME",
+                                                            include, layout=layout))
+  _assert_same(max_pool(x), _ref_max_nhwc(x), what="max")
   for include in (True, False):
-    _assert_same(jaxdnn.avg_pool(x, (3, 3), (2, 2), "SAME", include),
+    _assert_same(avg_pool(x, include),
                  nn.avg_pool(x, (3, 3), (2, 2), "SAME", include), what="avg")
   ct = case_inputs(_ref_max_nhwc(x).shape, seed=12)
-  g = jax.grad(lambda x: jnp.vdot(jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME"), ct))(x)
+  g = jax.grad(lambda x: jnp.vdot(max_pool(x), ct))(x)
   g_ref = jax.grad(lambda x: jnp.vdot(_ref_max_nhwc(x), ct))(x)
   _assert_same(g, g_ref, what="grad")
 

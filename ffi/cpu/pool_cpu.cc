@@ -13,6 +13,9 @@
 // window whose leading padding is followed only by -inf inputs selects the padding (its gradient
 // vanishes, as in lax).
 //
+// Single-channel problems (channels-first layouts, folded to N*C images of one channel) run the
+// forward operations along output rows instead of channels.
+//
 // 16-bit inputs are widened per element and accumulated in float32; float64 in float64.
 #include <algorithm>
 #include <cmath>
@@ -260,14 +263,19 @@ struct PoolKernels {
     });
   }
 
-  // Single-channel problems (channels-first layouts): the inner loop runs along the output row.
+  // Single-channel problems (channels-first layouts): windows are separable, so each output row
+  // first reduces its window's input rows into one contiguous row (vectorized), then reduces
+  // that row along the last dimension with the window's stride.
   template <bool kMax>
   static void forward_single_channel(const PoolProblem& p, const S* x, S* y) {
-    const int64_t in_pixels = p.in[0] * p.in[1] * p.in[2], out2 = p.out[2];
+    const int64_t in_pixels = p.in[0] * p.in[1] * p.in[2], in2 = p.in[2], out2 = p.out[2];
     std::vector<int64_t> f0, f1, f2;
     if (!kMax) f0 = divisor_factors(p, 0), f1 = divisor_factors(p, 1), f2 = divisor_factors(p, 2);
+    const A identity = kMax ? -kInf<A> : A(0);
+    auto reduce = [](A acc, A v) { return kMax ? ((v > acc || v != v) ? v : acc) : acc + v; };
     for_rows(p.N, p.out, out2 * p.window_elems(), [&](int64_t n, int64_t o0, int64_t o1) {
-      std::vector<A> acc(out2, kMax ? -kInf<A> : A(0));
+      std::vector<A> column(in2, identity), acc(out2, identity);
+      A* col = column.data();
       A* m = acc.data();
       int64_t start[2], k0[2], k1[2];
       const int64_t o[2] = {o0, o1};
@@ -275,25 +283,19 @@ struct PoolKernels {
         start[d] = o[d] * p.stride[d] - p.pad_lo[d];
         tap_range(start[d], p.dilation[d], p.window[d], 0, p.in[d], &k0[d], &k1[d]);
       }
-      const int64_t s2 = p.stride[2];
       for (int64_t a = k0[0]; a < k1[0]; ++a) {
         for (int64_t b = k0[1]; b < k1[1]; ++b) {
           const int64_t i0 = start[0] + a * p.dilation[0], i1 = start[1] + b * p.dilation[1];
-          const S* xr = x + n * in_pixels + (i0 * p.in[1] + i1) * p.in[2];
-          for (int64_t c = 0; c < p.window[2]; ++c) {
-            const int64_t off = c * p.dilation[2] - p.pad_lo[2];  // input of output 0's tap c
-            int64_t q0, q1;  // outputs whose tap c is in bounds: 0 <= q * s2 + off < in
-            tap_range(off, s2, out2, 0, p.in[2], &q0, &q1);
-            if (kMax) {
-              for (int64_t q = q0; q < q1; ++q) {
-                const A v = load(xr[q * s2 + off]);
-                m[q] = (v > m[q] || v != v) ? v : m[q];
-              }
-            } else {
-              for (int64_t q = q0; q < q1; ++q) m[q] += load(xr[q * s2 + off]);
-            }
-          }
+          const S* xr = x + n * in_pixels + (i0 * p.in[1] + i1) * in2;
+          for (int64_t i = 0; i < in2; ++i) col[i] = reduce(col[i], load(xr[i]));
         }
+      }
+      const int64_t s2 = p.stride[2];
+      for (int64_t c = 0; c < p.window[2]; ++c) {
+        const int64_t off = c * p.dilation[2] - p.pad_lo[2];  // input of output 0's tap c
+        int64_t q0, q1;  // outputs whose tap c is in bounds: 0 <= q * s2 + off < in2
+        tap_range(off, s2, out2, 0, in2, &q0, &q1);
+        for (int64_t q = q0; q < q1; ++q) m[q] = reduce(m[q], col[q * s2 + off]);
       }
       S* yrow = y + ((n * p.out[0] + o0) * p.out[1] + o1) * out2;
       if (kMax) {
