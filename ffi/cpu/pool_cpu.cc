@@ -185,6 +185,13 @@ struct CoverLists {
       begin[d][p.in[d]] = static_cast<int64_t>(tap[d].size());
     }
   }
+
+  // Number of windows covering input position i.
+  int64_t count(const int64_t i[3]) const {
+    int64_t n = 1;
+    for (int d = 0; d < 3; ++d) n *= begin[d][i[d] + 1] - begin[d][i[d]];
+    return n;
+  }
 };
 
 // Calls fn(tap, o0, o1, o2) for the windows covering input position i, in an order fixed for i.
@@ -439,6 +446,15 @@ struct PoolKernels {
       S* dxrow = dx + ((n * p.in[0] + i0) * p.in[1] + i1) * p.in[2] * C;
       for (int64_t i2 = 0; i2 < p.in[2]; ++i2) {
         const int64_t i[3] = {i0, i1, i2};
+        if (lists.count(i) == 1) {  // non-overlapping windows, global pooling: one pass
+          for_each_covering_window(p, lists, i, [&](int64_t, int64_t q0, int64_t q1, int64_t q2) {
+            const A inv = A(1) / static_cast<A>(f0[q0] * f1[q1] * f2[q2]);
+            const S* dp = dyn + ((q0 * p.out[1] + q1) * p.out[2] + q2) * C;
+            S* dst = dxrow + i2 * C;
+            for (int64_t c = 0; c < C; ++c) dst[c] = store<S>(load(dp[c]) * inv);
+          });
+          continue;
+        }
         A* g = row_accumulator(dxrow + i2 * C, acc);
         std::fill(g, g + C, A(0));
         for_each_covering_window(p, lists, i, [&](int64_t, int64_t q0, int64_t q1, int64_t q2) {
