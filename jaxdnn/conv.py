@@ -141,6 +141,29 @@ def _batch_groups_into_channels(x, layout: Layout, batch_group_count: int):
   return x.reshape(*x.shape[:ch], x.shape[ch] * x.shape[ch + 1], *x.shape[ch + 2:])
 
 
+def conv_operands(lhs, rhs):
+  """lhs and rhs as arrays of one rank with 1 to 3 spatial dimensions, or a clear error."""
+  if not hasattr(lhs, "shape") or not hasattr(lhs, "dtype"):
+    lhs = jnp.asarray(lhs)
+  if not hasattr(rhs, "shape") or not hasattr(rhs, "dtype"):
+    rhs = jnp.asarray(rhs)
+  if lhs.ndim != rhs.ndim:
+    raise ValueError(f"lhs and rhs must have the same rank, got lhs {lhs.shape} and rhs "
+                     f"{rhs.shape}")
+  if not 3 <= lhs.ndim <= 5:
+    raise ValueError(f"lhs must have 1 to 3 spatial dimensions (rank 3 to 5), got shape "
+                     f"{lhs.shape}")
+  return lhs, rhs
+
+
+def conv_dimension_numbers(lhs, rhs, dimension_numbers) -> lax.ConvDimensionNumbers:
+  """lax.conv_dimension_numbers, its errors raised as ValueError naming the argument."""
+  try:
+    return lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"dimension_numbers: {e}") from None
+
+
 def explicit_padding(padding, nsd: int) -> list[tuple[int, int]]:
   """`padding` as one (low, high) integer pair per spatial dimension, or a clear error."""
   try:
@@ -171,16 +194,7 @@ def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rh
     The convolution, with lax's output shape and dtype.
   """
   algo = algorithms.parse_algo(algo)
-  if not hasattr(lhs, "shape") or not hasattr(lhs, "dtype"):
-    lhs = jnp.asarray(lhs)
-  if not hasattr(rhs, "shape") or not hasattr(rhs, "dtype"):
-    rhs = jnp.asarray(rhs)
-  if lhs.ndim != rhs.ndim:
-    raise ValueError(f"lhs and rhs must have the same rank, got lhs {lhs.shape} and rhs "
-                     f"{rhs.shape}")
-  if not 3 <= lhs.ndim <= 5:
-    raise ValueError(f"lhs must have 1 to 3 spatial dimensions (rank 3 to 5), got shape "
-                     f"{lhs.shape}")
+  lhs, rhs = conv_operands(lhs, rhs)
   in_dtype = _check_dtype("lhs", lhs.dtype)
   rhs_dtype = _check_dtype("rhs", rhs.dtype)
   if in_dtype != rhs_dtype:
@@ -191,11 +205,7 @@ def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rh
     raise TypeError(f"preferred_element_type must not be narrower than the operands' dtype (as "
                     f"in lax), got {out_dtype} for {in_dtype} operands")
   nsd = lhs.ndim - 2
-
-  try:
-    dnums = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
-  except (ValueError, TypeError) as e:
-    raise ValueError(f"dimension_numbers: {e}") from None
+  dnums = conv_dimension_numbers(lhs, rhs, dimension_numbers)
   window_strides = _int_tuple("window_strides", window_strides, nsd, positive=True)
   lhs_dilation = (1,) * nsd if lhs_dilation is None else _int_tuple(
       "lhs_dilation", lhs_dilation, nsd, positive=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax.numpy as jnp
-from jax import lax
 
 from jaxdnn._src.algorithms import ConvAlgo
-from jaxdnn.conv import _int_tuple, _positive_int, conv, explicit_padding
+from jaxdnn.conv import (_int_tuple, _positive_int, conv, conv_dimension_numbers,
+                         conv_operands, explicit_padding)
 
 # lax.conv_transpose's defaults (the TensorFlow convention), by rank.
 _DEFAULT_DIMENSION_NUMBERS = {
@@ -81,23 +81,11 @@ def conv_transpose(lhs, rhs, strides: Sequence[int], padding, rhs_dilation=None,
     The transposed convolution, computed as one jaxdnn.conv with window_strides 1 and
     lhs_dilation = strides.
   """
-  if not hasattr(lhs, "shape") or not hasattr(lhs, "dtype"):
-    lhs = jnp.asarray(lhs)
-  if not hasattr(rhs, "shape") or not hasattr(rhs, "dtype"):
-    rhs = jnp.asarray(rhs)
-  if lhs.ndim != rhs.ndim:
-    raise ValueError(f"lhs and rhs must have the same rank, got lhs {lhs.shape} and rhs "
-                     f"{rhs.shape}")
-  if lhs.ndim not in _DEFAULT_DIMENSION_NUMBERS:
-    raise ValueError(f"lhs must have 1 to 3 spatial dimensions (rank 3 to 5), got shape "
-                     f"{lhs.shape}")
+  lhs, rhs = conv_operands(lhs, rhs)
   nsd = lhs.ndim - 2
   if dimension_numbers is None:
     dimension_numbers = _DEFAULT_DIMENSION_NUMBERS[lhs.ndim]
-  try:
-    dnums = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
-  except (ValueError, TypeError) as e:
-    raise ValueError(f"dimension_numbers: {e}") from None
+  dnums = conv_dimension_numbers(lhs, rhs, dimension_numbers)
 
   strides = _int_tuple("strides", strides, nsd, positive=True)
   rhs_dilation = (1,) * nsd if rhs_dilation is None else _int_tuple(

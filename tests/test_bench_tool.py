@@ -240,3 +240,14 @@ def test_module_and_wrapper_entry_points(tmp_path):
   assert [(r["impl"], r["note"]) for r in rows] == [
       ("lax", ""), ("DIRECT", ""), ("FFT", bench.NOT_SUPPORTED)]
   assert "fastest family" in proc.stdout
+
+
+def test_time_limit_stops_measuring(capsys):
+  """--time-limit: once spent, no further measurement starts and the rows so far come back."""
+  a = dict(name="a", N=1, C=4, H=6, W=6, K=4, R=3, S=3, stride=1, pad=1, groups=1)
+  kw = dict(plat="cpu", dtypes=["fp32"], ops=["fwd"], families=[jaxdnn.ConvAlgo.DIRECT],
+            with_lax=True, k_ops=1, repeats=1, budget=0.01, inner=1, progress=False)
+  assert bench.run_benchmark([a, dict(a, name="b")], time_limit=0.0, **kw) == []
+  assert "time limit reached" in capsys.readouterr().out
+  rows = bench.run_benchmark([a, dict(a, name="b")], time_limit=600.0, **kw)
+  assert [r["layer"] for r in rows] == ["a", "a", "b", "b"]
