@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <string>
 
+#include "jaxdnn/activation.h"
+
 namespace jaxdnn {
 
 enum class Layout : int32_t { kNHWC = 0, kNCHW = 1 };
@@ -139,6 +141,25 @@ inline std::string validate_problem(const ConvProblem& p) {
   }
   return "";
 }
+
+// Epilogue of a fused forward convolution, applied where a kernel stores its output:
+//   z = conv(x, w) + bias[k] + residual[n, ..., k],   y = act(z)
+// bias ([K]) and residual (output-shaped) have the output's dtype; null when absent. When
+// `preact` is set the kernel also stores z there (output-shaped, output dtype): the backward of
+// activations whose derivative needs the input (gelu, silu) reads it. Only the forward operation
+// takes an epilogue.
+struct ConvEpilogue {
+  const void* bias = nullptr;
+  const void* residual = nullptr;
+  void* preact = nullptr;
+  Activation activation = Activation::kIdentity;
+  double param = 0.0;  // the activation's parameter (activation.h)
+
+  bool empty() const {
+    return bias == nullptr && residual == nullptr && preact == nullptr &&
+           activation == Activation::kIdentity;
+  }
+};
 
 }  // namespace jaxdnn
 
