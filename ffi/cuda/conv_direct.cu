@@ -33,6 +33,7 @@
 #include <string>
 
 #include "conv_cuda.h"
+#include "gemm_primitives.cuh"
 
 namespace jaxdnn::cuda {
 namespace {
@@ -917,6 +918,127 @@ __global__ void __launch_bounds__(kDwsWgThreads, 3)
   dws_wgrad_block_reduce<RM, S, V>(acc, red, part, a, blockIdx.x, R, cv, lane);
 }
 
+// Backward-filter partials for 2-D depthwise R x 3 filters (R <= 3) with unit strides and
+// dilations, staged through shared memory. A work item is a tile of kDwsTileP x kDwsTileQ output
+// pixels of one image and the block's channel chunk (blockIdx.y): the block copies the tile's dy
+// and its x window ((P + R - 1) x (Q + 2) pixels, zero-filled outside the image) into shared
+// memory with cp.async, the next item's copy in flight while the current one is computed, so
+// each SM keeps ~100 KB of loads outstanding instead of a few registers' worth per thread. The
+// compute is the row kernel's: thread = V channels x all taps (fp32), over 2-pixel strips of the
+// tile. Items are dealt round-robin to gridDim.x blocks; each block leaves one partial filter.
+constexpr int kDwsTileP = 8, kDwsTileQ = 8, kDwsTileTw = 2;
+constexpr int kDwsTileThreads = 256;
+constexpr int kDwsTileMaxVec = 20;  // channel vectors per block: <= 52 KB per pipeline stage
+constexpr int kDwsTileBlocks = 264;  // two resident blocks on each of H200's 132 SMs
+
+// Shared-memory bytes of one pipeline stage for cvb channel vectors per block.
+__host__ __device__ constexpr size_t dws_tile_stage_bytes(int cvb) {
+  return (size_t)16 * cvb *
+         ((kDwsTileP + kDwsWgradRows - 1) * (kDwsTileQ + 2) + kDwsTileP * kDwsTileQ);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kDwsTileThreads, 2)
+    dws_wgrad_tile_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                          float* __restrict__ part, DwsArgs a, int tiles_p, int tiles_q) {
+  constexpr int V = Vec16<T>::V;
+  constexpr int S = 3, TW = kDwsTileTw, NC = TW + S - 1;
+  constexpr int BP = kDwsTileP, BQ = kDwsTileQ, XC = BQ + S - 1;
+  constexpr int RM = kDwsWgradRows;
+  extern __shared__ __align__(16) unsigned char dws_tile_smem[];
+  const int cvb = a.cb;                          // channel vectors of this block's chunk
+  const int R = a.F[1], XR = BP + R - 1;
+  const int xvecs = XR * XC * cvb, yvecs = BP * BQ * cvb;
+  const size_t stage = dws_tile_stage_bytes(cvb);
+  const int C = a.C, H = a.sd[1], W = a.sd[2], P = a.dd[1], Q = a.dd[2];
+  const int cvec0 = blockIdx.y * cvb;            // first channel vector of the chunk
+  const int nvec = C / V;
+  const int cv = threadIdx.x % cvb, lane = threadIdx.x / cvb;
+  const bool computes = lane < a.lanes && cvec0 + cv < nvec;
+  const i64 items = (i64)a.N * tiles_p * tiles_q;
+
+  // Issues the cp.async copies of item `it` into stage buffer `buf`.
+  auto load = [&](i64 it, int buf) {
+    uint4* xs = reinterpret_cast<uint4*>(dws_tile_smem + buf * stage);
+    uint4* ys = xs + xvecs;
+    const int tq = (int)(it % tiles_q);
+    const i64 rest = it / tiles_q;
+    const int tp = (int)(rest % tiles_p);
+    const int n = (int)(rest / tiles_p);
+    const int p0 = tp * BP, q0 = tq * BQ;
+    for (int e = threadIdx.x; e < xvecs; e += blockDim.x) {
+      const int v = e % cvb, pix = e / cvb;
+      const int ih = p0 - a.pad[1] + pix / XC, iw = q0 - a.pad[2] + pix % XC;
+      const bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W && cvec0 + v < nvec;
+      const T* src = ok ? x + (((i64)n * H + ih) * W + iw) * C + (i64)(cvec0 + v) * V : x;
+      gemm::cp_async16(xs + e, src, ok);
+    }
+    for (int e = threadIdx.x; e < yvecs; e += blockDim.x) {
+      const int v = e % cvb, pix = e / cvb;
+      const int p = p0 + pix / BQ, q = q0 + pix % BQ;
+      const bool ok = p < P && q < Q && cvec0 + v < nvec;
+      const T* src = ok ? dy + (((i64)n * P + p) * Q + q) * C + (i64)(cvec0 + v) * V : dy;
+      gemm::cp_async16(ys + e, src, ok);
+    }
+    gemm::cp_async_commit();
+  };
+
+  float acc[RM][S][V];
+#pragma unroll
+  for (int rr = 0; rr < RM; ++rr)
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[rr][s][j] = 0.f;
+
+  int buf = 0;
+  if ((i64)blockIdx.x < items) load(blockIdx.x, 0);
+  for (i64 it = blockIdx.x; it < items; it += gridDim.x, buf ^= 1) {
+    if (it + gridDim.x < items) {
+      load(it + gridDim.x, buf ^ 1);
+      gemm::cp_async_wait<1>();
+    } else {
+      gemm::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint4* xs = reinterpret_cast<const uint4*>(dws_tile_smem + buf * stage);
+    const uint4* ys = xs + xvecs;
+    const int tq = (int)(it % tiles_q);
+    const int tp = (int)((it / tiles_q) % tiles_p);
+    const int np = min(BP, P - tp * BP), nqt = min(BQ, Q - tq * BQ);  // tile pixels in the image
+    if (computes) {
+      for (int sidx = lane; sidx < BP * (BQ / TW); sidx += a.lanes) {
+        const int pr = sidx / (BQ / TW), qs = (sidx % (BQ / TW)) * TW;
+        const int nq = min(TW, nqt - qs);  // strip pixels inside the image
+        if (pr >= np || nq <= 0) continue;
+        float dv[TW][V];
+#pragma unroll
+        for (int i = 0; i < TW; ++i) cvt16(ys[(pr * BQ + qs + i) * cvb + cv], dv[i], (T*)nullptr);
+#pragma unroll
+        for (int rr = 0; rr < RM; ++rr) {
+          if (rr >= R) continue;
+          float xv[NC][V];
+#pragma unroll
+          for (int c = 0; c < NC; ++c)
+            cvt16(xs[((pr + rr) * XC + qs + c) * cvb + cv], xv[c], (T*)nullptr);
+#pragma unroll
+          for (int s = 0; s < S; ++s)
+#pragma unroll
+            for (int i = 0; i < TW; ++i) {
+              // pixels past the image edge do not exist: skip them (not 0 * x, x may be inf)
+              if (i > 0 && i >= nq) continue;
+#pragma unroll
+              for (int e = 0; e < V; ++e) acc[rr][s][e] = fmaf(xv[i + s][e], dv[i][e], acc[rr][s][e]);
+            }
+        }
+      }
+    }
+    __syncthreads();  // the buffer is refilled next iteration
+  }
+  dws_wgrad_block_reduce<RM, S, V>(acc, reinterpret_cast<float*>(dws_tile_smem), part, a,
+                                   blockIdx.x, R, cv, lane);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grouped / dense NHWC forward and backward-data with 4-channel vectors: C/G and K/G are
 // multiples of 4. Thread = 4 destination channels of one group x kPx pixels along W.
@@ -1165,6 +1287,26 @@ bool dws_wgrad_by_rows(const CudaConvCall& c) {
   return p.filt[0] == 1 && p.stride[1] == 1 && p.dilation[1] == 1;
 }
 
+// dws backward-filter through shared-memory tiles (dws_wgrad_tile_kernel): 2-D (or 1-D) R x 3
+// filters with unit strides and dilations. JAXDNN_DWS_WGRAD_ROWS=1 (testing) keeps the row kernels.
+bool dws_wgrad_tiled(const CudaConvCall& c) {
+  const ConvProblem& p = c.problem;
+  static const bool rows_only = std::getenv("JAXDNN_DWS_WGRAD_ROWS") != nullptr;
+  return !rows_only && p.in[0] == 1 && p.filt[0] == 1 && p.out[0] == 1 && p.stride[1] == 1 &&
+         p.stride[2] == 1 && p.dilation[1] == 1 && p.dilation[2] == 1 && p.filt[2] == 3 &&
+         p.filt[1] <= kDwsWgradRows;
+}
+
+// Channel chunks of the tiled dws wgrad: at most kDwsTileMaxVec vectors each, balanced.
+void dws_tile_shape(int64_t nvec, int* cvb, int* lanes, int64_t* nchunks) {
+  *nchunks = (nvec + kDwsTileMaxVec - 1) / kDwsTileMaxVec;
+  *cvb = (int)((nvec + *nchunks - 1) / *nchunks);
+  *lanes = kDwsTileThreads / *cvb;
+}
+size_t dws_tile_smem_bytes(int cvb, int V) {
+  return std::max(2 * dws_tile_stage_bytes(cvb), (size_t)kDwsTileThreads * V * sizeof(float));
+}
+
 // Does the dws family (depthwise, multiplier 1) take this call? A function of the call alone.
 bool dws_supported(const CudaConvCall& c) {
   const ConvProblem& p = c.problem;
@@ -1219,6 +1361,19 @@ WgradPlan wgrad_plan(const CudaConvCall& c, Kern k) {
   const int64_t npix = p.N * p.out_pixels();
   if (npix <= 0) return w;
   int64_t slices;
+  if (k == Kern::kDws && c.op == ConvOp::kBackwardFilter && dws_wgrad_tiled(c)) {
+    // One slice per block of the grid: two resident blocks per SM across all channel chunks.
+    int cvb, lanes;
+    int64_t nchunks;
+    dws_tile_shape(p.C / vec16(c.in), &cvb, &lanes, &nchunks);
+    const int64_t items = p.N * ((p.out[1] + kDwsTileP - 1) / kDwsTileP) *
+                          ((p.out[2] + kDwsTileQ - 1) / kDwsTileQ);
+    w.slices = (int)std::max<int64_t>(
+        1, std::min<int64_t>(items, std::max<int64_t>(1, kDwsTileBlocks / nchunks)));
+    w.pix_per_slice = 0;  // items are dealt round-robin
+    w.bytes = (size_t)w.slices * (size_t)p.w_elems() * 4;
+    return w;
+  }
   if (k == Kern::kDws) {
     // Slices of the flattened (n, z, p, strip) index: ~792 blocks in all (two waves of 3
     // resident 128-thread blocks per SM on H200's 132 SMs), and at least ~2 strips per lane.
@@ -1323,7 +1478,20 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io, Kern ker
         int64_t nchunks;
         const DwsArgs da = dws_args(c, TW, &nchunks);
         dim3 grid((unsigned)plan.slices, (unsigned)nchunks);
-        if (dws_wgrad_by_rows(c)) {
+        if (dws_wgrad_tiled(c)) {
+          DwsArgs ta = da;
+          int64_t tchunks;
+          dws_tile_shape(p.C / Vec16<T>::V, &ta.cb, &ta.lanes, &tchunks);
+          const size_t smem = dws_tile_smem_bytes(ta.cb, Vec16<T>::V);
+          auto tile_kern = dws_wgrad_tile_kernel<T>;
+          cudaError_t e = cudaFuncSetAttribute(
+              tile_kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+          if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
+          const int tiles_p = (int)((p.out[1] + kDwsTileP - 1) / kDwsTileP);
+          const int tiles_q = (int)((p.out[2] + kDwsTileQ - 1) / kDwsTileQ);
+          tile_kern<<<dim3((unsigned)plan.slices, (unsigned)tchunks), kDwsTileThreads, smem, st>>>(
+              a, b, part, ta, tiles_p, tiles_q);
+        } else if (dws_wgrad_by_rows(c)) {
           if (p.stride[2] == 1)
             dws_wgrad_rows_kernel<T, TW, 1><<<grid, da.cb * da.lanes, 0, st>>>(a, b, part, da,
                                                                               plan.pix_per_slice);

@@ -238,6 +238,11 @@ std::vector<Case> cases() {
     {"dws_mult2_s1", H, 2, 2, 16, 32, 16, {9, 10}, {3, 3}, {1, 1}, {1, 1}, {}, {1, 1}, {1, 1}},
     {"dws_1d_k3_s2", H, 1, 2, 16, 16, 16, {23}, {3}, {2}, {1}, {}, {1}, {1}},
     {"dws_1d_k5", H, 1, 2, 16, 16, 16, {23}, {5}, {1}, {1}, {}, {2}, {2}},
+    // tiled wgrad (dws_wgrad_tile_kernel): more tiles than blocks (the cp.async pipeline runs),
+    // partial edge tiles, R = 2 and 1-D
+    {"dws_many_tiles", H, 2, 9, 16, 16, 16, {64, 61}, {3, 3}, {1, 1}, {1, 1}, {}, {1, 1}, {1, 1}},
+    {"dws_2x3", H, 2, 2, 24, 24, 24, {9, 11}, {2, 3}, {1, 1}, {1, 1}, {}, {0, 1}, {1, 1}},
+    {"dws_1d_k3", H, 1, 3, 16, 16, 16, {37}, {3}, {1}, {1}, {}, {1}, {1}},
     {"dws_3d_133", H, 3, 1, 16, 16, 16, {3, 6, 9}, {1, 3, 3}, {1, 1, 1}, {1, 1, 1}, {}, {0, 1, 1}, {0, 1, 1}},
     {"dws_3d_333", H, 3, 1, 16, 16, 16, {4, 5, 9}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {}, {1, 1, 1}, {1, 1, 1}},
     {"dws_3d_313_s2", H, 3, 1, 16, 16, 16, {5, 4, 9}, {3, 1, 3}, {2, 1, 2}, {1, 1, 1}, {}, {1, 0, 1}, {1, 0, 1}},
@@ -355,7 +360,8 @@ int main(int argc, char** argv) {
       std::string n = c.name;
       if (n == "nhwc_dw3x3_s2_asym" || n == "nhwc_dw_mult2" || n == "nhwc_grp2_s2" || n == "nhwc_grp2_s3_dil2" ||
           n == "nhwc_lhs2" || n == "nchw_dw_s2" || n == "nhwc_out0" || n == "nhwc_N0" || n == "nhwc_dw_negpad" || n == "nhwc_1d_s2_dil2" ||
-          n == "dws_3x3_oddW" || n == "dws_3x3_s2" || n == "dws_7x7_dil2" || n == "dws_c1040_s2" || n == "dws_3d_313_s2" || n == "dws_bigpad")
+          n == "dws_3x3_oddW" || n == "dws_3x3_s2" || n == "dws_7x7_dil2" || n == "dws_c1040_s2" || n == "dws_3d_313_s2" || n == "dws_bigpad" ||
+          n == "dws_many_tiles" || n == "dws_2x3")
         q.push_back(c);
     }
     cs = q;
