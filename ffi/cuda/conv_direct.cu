@@ -82,10 +82,10 @@ __device__ __forceinline__ void store_scalar(void* dst, i64 i, double v, DType) 
 // 16-byte vectors: V = 16 / sizeof(T) elements.
 template <typename T> struct Vec16 { static constexpr int V = 16 / sizeof(T); };
 
+// bf16 is the high half of an fp32: widening is a shift or a mask (exact, NaN and inf included),
+// on whole 32-bit words, so a 16-byte load stays one instruction.
 __device__ __forceinline__ void unpack2(uint32_t u, float* o, __nv_bfloat16*) {
-  __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&u);
-  float2 f = __bfloat1622float2(h);
-  o[0] = f.x, o[1] = f.y;
+  o[0] = __uint_as_float(u << 16), o[1] = __uint_as_float(u & 0xffff0000u);
 }
 __device__ __forceinline__ void unpack2(uint32_t u, float* o, __half*) {
   __half2 h = *reinterpret_cast<__half2*>(&u);
@@ -948,37 +948,42 @@ __global__ void __launch_bounds__(kDwsTileThreads, 2)
   extern __shared__ __align__(16) unsigned char dws_tile_smem[];
   const int cvb = a.cb;                          // channel vectors of this block's chunk
   const int R = a.F[1], XR = BP + R - 1;
-  const int xvecs = XR * XC * cvb, yvecs = BP * BQ * cvb;
+  const int xvecs = XR * XC * cvb;
   const size_t stage = dws_tile_stage_bytes(cvb);
   const int C = a.C, H = a.sd[1], W = a.sd[2], P = a.dd[1], Q = a.dd[2];
   const int cvec0 = blockIdx.y * cvb;            // first channel vector of the chunk
   const int nvec = C / V;
   const int cv = threadIdx.x % cvb, lane = threadIdx.x / cvb;
-  const bool computes = lane < a.lanes && cvec0 + cv < nvec;
-  const i64 items = (i64)a.N * tiles_p * tiles_q;
+  const unsigned items = (unsigned)a.N * tiles_p * tiles_q;  // < 2^31 (dws_wgrad_tiled)
 
-  // Issues the cp.async copies of item `it` into stage buffer `buf`.
-  auto load = [&](i64 it, int buf) {
+  // Issues the cp.async copies of item `it` into stage buffer `buf`. Copy thread = channel
+  // vector v of pixels l, l + lanes, ... (the compute mapping), so no division by cvb per copy.
+  const int v = cv, l = lane;
+  const bool copies = l < a.lanes && cvec0 + v < nvec;
+  // 32-bit division: a 64-bit one costs about as much as a strip of arithmetic.
+  auto load = [&](unsigned it, int buf) {
     uint4* xs = reinterpret_cast<uint4*>(dws_tile_smem + buf * stage);
     uint4* ys = xs + xvecs;
-    const int tq = (int)(it % tiles_q);
-    const i64 rest = it / tiles_q;
-    const int tp = (int)(rest % tiles_p);
-    const int n = (int)(rest / tiles_p);
+    const int tq = (int)(it % (unsigned)tiles_q);
+    const unsigned rest = it / (unsigned)tiles_q;
+    const int tp = (int)(rest % (unsigned)tiles_p);
+    const int n = (int)(rest / (unsigned)tiles_p);
     const int p0 = tp * BP, q0 = tq * BQ;
-    for (int e = threadIdx.x; e < xvecs; e += blockDim.x) {
-      const int v = e % cvb, pix = e / cvb;
-      const int ih = p0 - a.pad[1] + pix / XC, iw = q0 - a.pad[2] + pix % XC;
-      const bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W && cvec0 + v < nvec;
-      const T* src = ok ? x + (((i64)n * H + ih) * W + iw) * C + (i64)(cvec0 + v) * V : x;
-      gemm::cp_async16(xs + e, src, ok);
-    }
-    for (int e = threadIdx.x; e < yvecs; e += blockDim.x) {
-      const int v = e % cvb, pix = e / cvb;
-      const int p = p0 + pix / BQ, q = q0 + pix % BQ;
-      const bool ok = p < P && q < Q && cvec0 + v < nvec;
-      const T* src = ok ? dy + (((i64)n * P + p) * Q + q) * C + (i64)(cvec0 + v) * V : dy;
-      gemm::cp_async16(ys + e, src, ok);
+    if (copies) {
+      const T* ximg = x + (i64)n * H * W * C + (cvec0 + v) * V;
+      const int ih0 = p0 - a.pad[1], iw0 = q0 - a.pad[2];
+      for (int pix = l; pix < XR * XC; pix += a.lanes) {
+        const int r = pix / XC, c = pix - r * XC;  // XC is a compile-time constant
+        const int ih = ih0 + r, iw = iw0 + c;
+        const bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+        gemm::cp_async16(xs + pix * cvb + v, ok ? ximg + ((i64)ih * W + iw) * C : x, ok);
+      }
+      const T* yimg = dy + (i64)n * P * Q * C + (cvec0 + v) * V;
+      for (int pix = l; pix < BP * BQ; pix += a.lanes) {
+        const int p = p0 + pix / BQ, q = q0 + pix % BQ;
+        const bool ok = p < P && q < Q;
+        gemm::cp_async16(ys + pix * cvb + v, ok ? yimg + ((i64)p * Q + q) * C : dy, ok);
+      }
     }
     gemm::cp_async_commit();
   };
@@ -992,8 +997,8 @@ __global__ void __launch_bounds__(kDwsTileThreads, 2)
       for (int j = 0; j < V; ++j) acc[rr][s][j] = 0.f;
 
   int buf = 0;
-  if ((i64)blockIdx.x < items) load(blockIdx.x, 0);
-  for (i64 it = blockIdx.x; it < items; it += gridDim.x, buf ^= 1) {
+  if (blockIdx.x < items) load(blockIdx.x, 0);
+  for (unsigned it = blockIdx.x; it < items; it += gridDim.x, buf ^= 1) {
     if (it + gridDim.x < items) {
       load(it + gridDim.x, buf ^ 1);
       gemm::cp_async_wait<1>();
@@ -1003,10 +1008,10 @@ __global__ void __launch_bounds__(kDwsTileThreads, 2)
     __syncthreads();
     const uint4* xs = reinterpret_cast<const uint4*>(dws_tile_smem + buf * stage);
     const uint4* ys = xs + xvecs;
-    const int tq = (int)(it % tiles_q);
-    const int tp = (int)((it / tiles_q) % tiles_p);
+    const int tq = (int)(it % (unsigned)tiles_q);
+    const int tp = (int)((it / (unsigned)tiles_q) % (unsigned)tiles_p);
     const int np = min(BP, P - tp * BP), nqt = min(BQ, Q - tq * BQ);  // tile pixels in the image
-    if (computes) {
+    if (copies) {
       for (int sidx = lane; sidx < BP * (BQ / TW); sidx += a.lanes) {
         const int pr = sidx / (BQ / TW), qs = (sidx % (BQ / TW)) * TW;
         const int nq = min(TW, nqt - qs);  // strip pixels inside the image
@@ -1287,14 +1292,16 @@ bool dws_wgrad_by_rows(const CudaConvCall& c) {
   return p.filt[0] == 1 && p.stride[1] == 1 && p.dilation[1] == 1;
 }
 
-// dws backward-filter through shared-memory tiles (dws_wgrad_tile_kernel): 2-D (or 1-D) R x 3
-// filters with unit strides and dilations. JAXDNN_DWS_WGRAD_ROWS=1 (testing) keeps the row kernels.
+// dws backward-filter through shared-memory tiles (dws_wgrad_tile_kernel): 16-bit, 2-D (or 1-D)
+// R x 3 filters with unit strides and dilations (fp32 measured faster on the row kernel). JAXDNN_DWS_WGRAD_ROWS=1 (testing) keeps the row kernels.
 bool dws_wgrad_tiled(const CudaConvCall& c) {
   const ConvProblem& p = c.problem;
   static const bool rows_only = std::getenv("JAXDNN_DWS_WGRAD_ROWS") != nullptr;
-  return !rows_only && p.in[0] == 1 && p.filt[0] == 1 && p.out[0] == 1 && p.stride[1] == 1 &&
+  return !rows_only && c.in != DType::kF32 && p.in[0] == 1 && p.filt[0] == 1 && p.out[0] == 1 && p.stride[1] == 1 &&
          p.stride[2] == 1 && p.dilation[1] == 1 && p.dilation[2] == 1 && p.filt[2] == 3 &&
-         p.filt[1] <= kDwsWgradRows;
+         p.filt[1] <= kDwsWgradRows &&
+         p.N * ((p.out[1] + kDwsTileP - 1) / kDwsTileP) * ((p.out[2] + kDwsTileQ - 1) / kDwsTileQ) <
+             (int64_t(1) << 31);
 }
 
 // Channel chunks of the tiled dws wgrad: at most kDwsTileMaxVec vectors each, balanced.
