@@ -1,5 +1,5 @@
-// XLA FFI handlers of the CPU backend: decode (ffi_conv.h), run (conv_cpu.cc, pool_cpu.cc),
-// report errors.
+// XLA FFI handlers of the CPU backend: decode (ffi_conv.h, ffi_pool.h), run (conv_cpu.cc,
+// pool_cpu.cc), report errors.
 #include "handlers.h"
 
 #include <exception>
@@ -7,6 +7,7 @@
 
 #include "conv_cpu.h"
 #include "jaxdnn/ffi_conv.h"
+#include "jaxdnn/ffi_pool.h"
 #include "pool_cpu.h"
 
 namespace jaxdnn::cpu {
@@ -55,116 +56,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvBackwardFilter, conv_handler_impl<ConvOp::kBac
 }  // namespace jaxdnn::cpu
 
 // ---------------------------------------------------------------------------------------------
-// Pooling (pool_cpu.cc). Every pooling target binds its operands and results as remaining
-// arguments (1 or 2 operands; the result, plus a u8 workspace for the scatter) and one attribute
-// dictionary: window, stride, dilation, pad_lo, pad_hi, count_lo, count_hi (i64 arrays, one entry
-// per spatial dimension). Buffers are channels-last (N, spatial..., C).
+// Pooling (pool_cpu.cc). The call contract and its decoding are in ffi_pool.h.
 
 namespace jaxdnn::cpu {
 namespace {
 
-ffi::Error pool_invalid(const std::string& msg) {
-  return ffi::Error::InvalidArgument("jaxdnn pooling: " + msg);
-}
-
-ffi::Error pool_spatial(const ffi::Dictionary& attrs, const char* name, int nsd, int64_t fill,
-                        int64_t out[3]) {
-  auto span = attrs.get<ffi::Span<const int64_t>>(name);
-  if (span.has_error() || static_cast<int>(span->size()) != nsd)
-    return pool_invalid(std::string("missing or mistyped attribute '") + name + "'");
-  for (int i = 0; i < 3; ++i) out[i] = fill;
-  for (int i = 0; i < nsd; ++i) out[3 - nsd + i] = (*span)[i];
-  return ffi::Error::Success();
-}
-
-// (N, spatial[3], C) of a channels-last buffer with nsd spatial dimensions.
-bool pool_split(ffi::AnyBuffer::Dimensions d, int nsd, int64_t* n, int64_t sp[3], int64_t* c) {
-  if (static_cast<int>(d.size()) != nsd + 2) return false;
-  *n = d[0];
-  *c = d[nsd + 1];
-  for (int i = 0; i < 3; ++i) sp[i] = 1;
-  for (int i = 0; i < nsd; ++i) sp[3 - nsd + i] = d[1 + i];
-  return true;
-}
-
 ffi::Error run_pool_call(PoolOp op, ffi::RemainingArgs args, ffi::RemainingRets rets,
                          ffi::Dictionary attrs) {
-  const bool binary = op == PoolOp::kMaxGather || op == PoolOp::kMaxScatter;
-  const size_t want_rets = op == PoolOp::kMaxScatter ? 2 : 1;
-  if (args.size() != (binary ? 2u : 1u) || rets.size() != want_rets)
-    return pool_invalid("wrong number of operands or results");
-  auto a = args.get<ffi::AnyBuffer>(0);
-  auto out = rets.get<ffi::AnyBuffer>(0);
-  if (a.has_error() || out.has_error()) return pool_invalid("operands must be arrays");
-  // The second operand (t of the gather, dy of the scatter); unary operations have none.
-  auto second = args.get<ffi::AnyBuffer>(binary ? 1 : 0);
-  if (second.has_error()) return pool_invalid("operands must be arrays");
-  const ffi::AnyBuffer* b = binary ? &*second : nullptr;
-
-  const int nsd = static_cast<int>(a->dimensions().size()) - 2;
-  if (nsd < 1 || nsd > 3) return pool_invalid("operands must have 1 to 3 spatial dimensions");
-  PoolProblem p;
-  int64_t pad_hi[3];
-  struct SpatialAttr { const char* name; int64_t fill; int64_t* dst; };
-  const SpatialAttr spatial_attrs[] = {
-      {"window", 1, p.window}, {"stride", 1, p.stride}, {"dilation", 1, p.dilation},
-      {"pad_lo", 0, p.pad_lo}, {"pad_hi", 0, pad_hi}, {"count_lo", 0, p.count_lo},
-      {"count_hi", 0, p.count_hi}};
-  for (const SpatialAttr& s : spatial_attrs) {
-    if (auto e = pool_spatial(attrs, s.name, nsd, s.fill, s.dst); !e.success()) return e;
-  }
-
-  // x-shaped and y-shaped buffers by operation.
-  const bool forward_shaped = op != PoolOp::kMaxScatter && op != PoolOp::kAvgBackward;
-  ffi::AnyBuffer& result = **out;
-  const ffi::AnyBuffer& x = op == PoolOp::kAvgBackward ? result : *a;
-  const ffi::AnyBuffer& y = forward_shaped ? result : (op == PoolOp::kMaxScatter ? *b : *a);
-  int64_t xn, xc, yn, yc, ys[3];
-  if (!pool_split(x.dimensions(), nsd, &xn, p.in, &xc) ||
-      !pool_split(y.dimensions(), nsd, &yn, ys, &yc))
-    return pool_invalid("operand ranks do not match");
-  if (op == PoolOp::kMaxGather) {
-    if (b->dimensions().size() != x.dimensions().size())
-      return pool_invalid("the tangent must have the input's shape");
-    for (size_t i = 0; i < x.dimensions().size(); ++i)
-      if (b->dimensions()[i] != x.dimensions()[i])
-        return pool_invalid("the tangent must have the input's shape");
-  }
-  if (op == PoolOp::kMaxScatter) {
-    if (result.dimensions().size() != x.dimensions().size())
-      return pool_invalid("the result must have the input's shape");
-    for (size_t i = 0; i < x.dimensions().size(); ++i)
-      if (result.dimensions()[i] != x.dimensions()[i])
-        return pool_invalid("the result must have the input's shape");
-  }
-  if (xn != yn || xc != yc) return pool_invalid("batch or channel counts do not match");
-  p.N = xn;
-  p.C = xc;
-  for (int d = 0; d < 3; ++d) {
-    if (p.window[d] <= 0 || p.stride[d] <= 0 || p.dilation[d] <= 0)
-      return pool_invalid("window, strides and dilations must be positive");
-    const int64_t span = p.in[d] + p.pad_lo[d] + pad_hi[d] - (p.window[d] - 1) * p.dilation[d];
-    p.out[d] = span <= 0 ? 0 : (span - 1) / p.stride[d] + 1;
-    if (p.out[d] != ys[d]) return pool_invalid("output spatial shape does not match the geometry");
-  }
-
-  DType dtype;
-  if (!to_dtype(a->element_type(), &dtype) || result.element_type() != a->element_type() ||
-      (b && b->element_type() != a->element_type()))
-    return pool_invalid("operands and result must share one dtype: float32, float64, bfloat16 "
-                        "or float16");
-  void* ws = nullptr;
-  size_t ws_bytes = 0;
-  if (want_rets == 2) {
-    auto w = rets.get<ffi::AnyBuffer>(1);
-    if (w.has_error()) return pool_invalid("missing workspace result");
-    ws = (*w)->untyped_data();
-    ws_bytes = (*w)->size_bytes();
-  }
-  if (p.y_elems() == 0 && p.x_elems() == 0) return ffi::Error::Success();
-  std::string err = run_pool(op, p, dtype, a->untyped_data(), b ? b->untyped_data() : nullptr,
-                             result.untyped_data(), ws, ws_bytes);
-  if (!err.empty()) return pool_invalid(err);
+  DecodedPool dec;
+  if (auto e = decode_pool_call(op, args, rets, attrs, &dec); !e.success()) return e;
+  if (dec.empty()) return ffi::Error::Success();
+  std::string err = run_pool(op, dec.problem, dec.dtype, dec.a, dec.b, dec.out, dec.workspace,
+                             dec.workspace_bytes);
+  if (!err.empty()) return internal::pool_invalid(err);
   return ffi::Error::Success();
 }
 
@@ -180,21 +84,19 @@ ffi::Error pool_handler_impl(ffi::RemainingArgs args, ffi::RemainingRets rets,
   }
 }
 
-auto bind_pool_call() {
-  return ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs<ffi::Dictionary>();
-}
+auto pool_binding() { return bind_pool_call(ffi::Ffi::Bind()); }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MaxPoolForward, pool_handler_impl<PoolOp::kMaxForward>,
-                              bind_pool_call());
+                              pool_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MaxPoolGather, pool_handler_impl<PoolOp::kMaxGather>,
-                              bind_pool_call());
+                              pool_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MaxPoolScatter, pool_handler_impl<PoolOp::kMaxScatter>,
-                              bind_pool_call());
+                              pool_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvgPoolForward, pool_handler_impl<PoolOp::kAvgForward>,
-                              bind_pool_call());
+                              pool_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvgPoolBackward, pool_handler_impl<PoolOp::kAvgBackward>,
-                              bind_pool_call());
+                              pool_binding());
 
 }  // namespace jaxdnn::cpu
