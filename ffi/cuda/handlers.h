@@ -9,6 +9,12 @@ namespace jaxdnn::cuda {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvForward);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvBackwardData);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvBackwardFilter);
+// Pooling (pool_handlers.cu).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolForward);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolGather);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolScatter);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolForward);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolBackward);
 }  // namespace jaxdnn::cuda
 
 #endif  // JAXDNN_CUDA_HANDLERS_H_

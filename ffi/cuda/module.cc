@@ -44,6 +44,11 @@ NB_MODULE(_jaxdnn_cuda, m) {
     d["jaxdnn_conv_fwd"] = ffi_capsule(cuda::ConvForward);
     d["jaxdnn_conv_bwd_data"] = ffi_capsule(cuda::ConvBackwardData);
     d["jaxdnn_conv_bwd_filter"] = ffi_capsule(cuda::ConvBackwardFilter);
+    d["jaxdnn_max_pool_fwd"] = ffi_capsule(cuda::MaxPoolForward);
+    d["jaxdnn_max_pool_gather"] = ffi_capsule(cuda::MaxPoolGather);
+    d["jaxdnn_max_pool_scatter"] = ffi_capsule(cuda::MaxPoolScatter);
+    d["jaxdnn_avg_pool_fwd"] = ffi_capsule(cuda::AvgPoolForward);
+    d["jaxdnn_avg_pool_bwd"] = ffi_capsule(cuda::AvgPoolBackward);
     return d;
   });
   m.def(
