@@ -7,6 +7,7 @@ CUDA extension's trace-time queries (can_implement, workspace_bytes) run on the 
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -152,3 +153,71 @@ def test_gpu_executes_jaxdnn_cuda_kernels(algo, dtype):
   y = jax.jit(conv)(x, w)
   ref = lax_conv64(x, w, **SIMPLE[2])
   assert_close(y, ref, tolerance(dtype, precision=lax.Precision.HIGHEST), "forward")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pooling: every pooling primitive lowers to its jaxdnn custom call for CUDA, channels-first
+# arrays included (the CUDA kernels take them as one-channel images: no transposes).
+
+def _pool_fns(layout):
+  kw = dict(window_shape=(3, 3), strides=(2, 2), padding="SAME", layout=layout)
+  max_pool = lambda x: jaxdnn.max_pool(x, **kw)
+  avg_pool = lambda x: jaxdnn.avg_pool(x, count_include_pad=False, **kw)
+  return {
+      "max_fwd": (max_pool, ["jaxdnn_max_pool_fwd"]),
+      "max_jvp": (lambda x: jax.jvp(max_pool, (x,), (x,)),
+                  ["jaxdnn_max_pool_fwd", "jaxdnn_max_pool_gather"]),
+      "max_grad": (jax.grad(lambda x: jnp.sum(max_pool(x))), ["jaxdnn_max_pool_scatter"]),
+      "avg_fwd": (avg_pool, ["jaxdnn_avg_pool_fwd"]),
+      "avg_grad": (jax.grad(lambda x: jnp.sum(avg_pool(x))), ["jaxdnn_avg_pool_bwd"]),
+      "global_avg": (lambda x: jaxdnn.global_avg_pool(x, layout=layout),
+                     ["jaxdnn_avg_pool_fwd"]),
+      "global_max_grad": (jax.grad(lambda x: jnp.sum(jaxdnn.global_max_pool(x, layout=layout))),
+                          ["jaxdnn_max_pool_scatter"]),
+  }
+
+
+def _pool_calls(text):
+  return sorted(c for c in re.findall(r"stablehlo\.custom_call @(\w+)", text) if "pool" in c)
+
+
+@needs_cuda_extension
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("name", list(_pool_fns("NHWC")))
+def test_cuda_lowering_pooling(name, layout, dtype):
+  fn, calls = _pool_fns(layout)[name]
+  x = rand((2, 9, 8, 16) if layout == "NHWC" else (2, 16, 9, 8), dtype, seed=3)
+  text = _lower_cuda(fn, x)
+  assert _pool_calls(text) == sorted(calls)
+  assert "reduce_window" not in text and "select_and_scatter" not in text
+  assert "transpose" not in text
+
+
+@needs_cuda_extension
+@pytest.mark.parametrize("window,ws_bytes_per_output", [((3, 3), 1), ((16, 16), 4)])
+def test_cuda_lowering_pool_scatter_workspace(window, ws_bytes_per_output):
+  """The CUDA scatter's arg-max workspace: uint8 taps up to 255 window taps, else int32."""
+  x = rand((2, 16, 16, 8), F32, seed=4)
+  fn = jax.grad(lambda x: jnp.sum(jaxdnn.max_pool(x, window, (1, 1), "SAME")))
+  text = _lower_cuda(fn, x)
+  assert f"tensor<{ws_bytes_per_output * x.size}xui8>" in text
+
+
+@pytest.mark.skipif(CUDA is not None, reason="the CUDA extension is built")
+def test_cuda_lowering_pooling_without_extension():
+  x = rand((2, 6, 6, 3), F32)
+  with pytest.raises(NotImplementedError, match="built without its CUDA extension"):
+    _lower_cuda(lambda x: jaxdnn.max_pool(x, (2, 2)), x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_gpu_executes_jaxdnn_pool_kernels(layout):
+  """On a GPU machine the compiled program runs the jaxdnn pooling kernels."""
+  assert CUDA is not None, "GPU backend but no jaxdnn CUDA extension"
+  x = rand((2, 9, 8, 16) if layout == "NHWC" else (2, 16, 9, 8), F32, seed=5)
+  for name, (fn, calls) in _pool_fns(layout).items():
+    text = jax.jit(fn).lower(x).compile().as_text()
+    for call in calls:
+      assert f'custom_call_target="{call}"' in text, (name, call)

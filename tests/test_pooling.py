@@ -4,6 +4,11 @@ Oracles at float64: lax.reduce_window (max with -inf padding; avg as a padded su
 count), flax.linen.max_pool/avg_pool, and jax.grad / jax.jvp of those. ceil_mode follows
 PyTorch's documented output size and divisor rule, checked on hand-computed PyTorch outputs and a
 NumPy loop.
+
+Every test runs on the CPU device and, when jax has one, on the GPU (the `device` fixture makes
+it jax's default device). The references always run on the CPU (`oracle`): XLA:CPU's
+select_and_scatter, which jax.grad of a max reduce_window uses, takes padding as -inf
+candidates, and jaxdnn follows that rule on every backend.
 """
 
 from __future__ import annotations
@@ -194,15 +199,29 @@ def _assert_same(out, ref, tol=1e-12, what="result"):
   np.testing.assert_allclose(out[finite], ref[finite], rtol=tol, atol=tol, err_msg=what)
 
 
-@pytest.fixture(autouse=True)
-def _on_cpu(request):
-  """Pooling has CPU kernels only (no CUDA kernels yet): on a GPU machine the tests run on its CPU
-  device, except the one that checks the CUDA lowering's refusal."""
-  if request.node.name.startswith("test_cuda_lowering_refuses"):
-    yield
-    return
-  with jax.default_device(jax.devices("cpu")[0]):
-    yield
+CPU = jax.devices("cpu")[0]
+
+
+def _test_devices():
+  devices = [CPU]
+  try:
+    devices.append(jax.devices("gpu")[0])
+  except RuntimeError:  # no GPU backend
+    pass
+  return devices
+
+
+@pytest.fixture(autouse=True, params=_test_devices(), ids=lambda d: d.platform)
+def device(request):
+  """Runs the test with jax's default device set to the CPU, then to the GPU if there is one."""
+  with jax.default_device(request.param):
+    yield request.param
+
+
+def oracle(fn, *args):
+  """fn(*args) on the CPU device (arguments moved there), whatever device the test runs on."""
+  with jax.default_device(CPU):
+    return fn(*jax.device_put(args, CPU))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +232,7 @@ def _on_cpu(request):
 def test_forward_matches_lax(case, op):
   x = case_inputs(case[1])
   ours, ref = _fns(case, op)
-  out, expected = ours(x), ref(x)
+  out, expected = ours(x), oracle(ref, x)
   if op == "max":
     np.testing.assert_array_equal(out, expected)
   else:
@@ -227,9 +246,11 @@ def test_grad_matches_lax(case, op):
   ours, ref = _fns(case, op)
   ct = case_inputs(jax.eval_shape(ref, x).shape, seed=2)
   loss = lambda f: (lambda x: jnp.vdot(f(x), ct))
-  _assert_same(jax.grad(loss(ours))(x), jax.grad(loss(ref))(x), what="grad")
+  g_ref = oracle(lambda x, ct: jax.grad(lambda x: jnp.vdot(ref(x), ct))(x), x, ct)
+  _assert_same(jax.grad(loss(ours))(x), g_ref, what="grad")
   t = case_inputs(x.shape, seed=3)
-  _assert_same(jax.jvp(ours, (x,), (t,))[1], jax.jvp(ref, (x,), (t,))[1], what="jvp")
+  _assert_same(jax.jvp(ours, (x,), (t,))[1],
+               oracle(lambda x, t: jax.jvp(ref, (x,), (t,))[1], x, t), what="jvp")
 
 
 FLAX_CASES = [
@@ -249,14 +270,16 @@ def test_matches_flax(shape, window, strides, padding, count_include_pad):
   nn = pytest.importorskip("flax.linen")
   x = case_inputs(shape, seed=4)
   np.testing.assert_array_equal(jaxdnn.max_pool(x, window, strides, padding),
-                                nn.max_pool(x, window, strides, padding))
+                                oracle(lambda x: nn.max_pool(x, window, strides, padding), x))
   _assert_same(jaxdnn.avg_pool(x, window, strides, padding, count_include_pad),
-               nn.avg_pool(x, window, strides, padding, count_include_pad))
-  ct = case_inputs(nn.max_pool(x, window, strides, padding).shape, seed=5)
+               oracle(lambda x: nn.avg_pool(x, window, strides, padding, count_include_pad), x))
+  ct = case_inputs(jax.eval_shape(lambda x: nn.max_pool(x, window, strides, padding), x).shape,
+                   seed=5)
   for ours, ref in ((jaxdnn.max_pool, nn.max_pool), (jaxdnn.avg_pool, nn.avg_pool)):
     kw = {} if ours is jaxdnn.max_pool else dict(count_include_pad=count_include_pad)
     g = jax.grad(lambda x: jnp.vdot(ours(x, window, strides, padding, **kw), ct))(x)
-    g_ref = jax.grad(lambda x: jnp.vdot(ref(x, window, strides, padding, **kw), ct))(x)
+    g_ref = oracle(lambda x, ct: jax.grad(
+        lambda x: jnp.vdot(ref(x, window, strides, padding, **kw), ct))(x), x, ct)
     _assert_same(g, g_ref, what=f"{ours.__name__} grad")
 
 
@@ -324,7 +347,7 @@ def test_ties_gradient_goes_to_first_index():
   g = jax.grad(lambda x: jaxdnn.max_pool(x, (2,), (1,)).sum())(x)
   assert g.ravel().tolist() == [0, 2, 1, 0, 1]  # windows [1,3] [3,3] [3,2] [2,3]
   g = jax.grad(lambda x: jaxdnn.max_pool(x, (3,), (1,), "SAME").sum())(x)
-  g_ref = jax.grad(lambda x: lax_max_pool(x, (3,), (1,), "SAME", layout="NWC").sum())(x)
+  g_ref = oracle(jax.grad(lambda x: lax_max_pool(x, (3,), (1,), "SAME", layout="NWC").sum()), x)
   np.testing.assert_array_equal(g, g_ref)
 
 
@@ -337,15 +360,19 @@ def test_ties_match_lax(layout):
   x = jnp.asarray(np.random.default_rng(7).integers(0, 3, shape), jnp.float64)  # many ties
   ours = lambda x: jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME", layout=layout)
   ref = lambda x: lax_max_pool(x, (3, 3), (2, 2), "SAME", layout=layout)
-  ct = case_inputs(ref(x).shape, seed=8)
-  np.testing.assert_array_equal(ours(x), ref(x))
+  y_ref = oracle(ref, x)
+  ct = case_inputs(y_ref.shape, seed=8)
+  np.testing.assert_array_equal(ours(x), y_ref)
   # the same positions; the sums of overlapping windows may round differently
   _assert_same(jax.grad(lambda x: jnp.vdot(ours(x), ct))(x),
-               jax.grad(lambda x: jnp.vdot(ref(x), ct))(x), what="grad")
-  selection = jax.jacrev(ref)(x).reshape(ref(x).size, x.size)  # one-hot rows from lax's grad
+               oracle(lambda x, ct: jax.grad(lambda x: jnp.vdot(ref(x), ct))(x), x, ct),
+               what="grad")
+  # one-hot rows from lax's grad
+  selection = np.asarray(oracle(jax.jacrev(ref), x)).reshape(y_ref.size, x.size)
   assert np.all(selection.sum(axis=1) == 1)
   t = case_inputs(x.shape, seed=9)
-  np.testing.assert_array_equal(jax.jvp(ours, (x,), (t,))[1].ravel(), selection @ t.ravel())
+  np.testing.assert_array_equal(jax.jvp(ours, (x,), (t,))[1].ravel(),
+                                selection @ np.asarray(t).ravel())
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
@@ -368,13 +395,15 @@ def test_inf_nan_like_lax(special, layout):
                                                    layout=layout))
   avg_pool = lambda x, include: from_layout(jaxdnn.avg_pool(to_layout(x), (3, 3), (2, 2), "SAME",
                                                             include, layout=layout))
-  _assert_same(max_pool(x), _ref_max_nhwc(x), what="max")
+  y_ref = oracle(_ref_max_nhwc, x)
+  _assert_same(max_pool(x), y_ref, what="max")
   for include in (True, False):
     _assert_same(avg_pool(x, include),
-                 lax_avg_pool(x, (3, 3), (2, 2), "SAME", count_include_pad=include), what="avg")
-  ct = case_inputs(_ref_max_nhwc(x).shape, seed=12)
+                 oracle(lambda x: lax_avg_pool(x, (3, 3), (2, 2), "SAME",
+                                               count_include_pad=include), x), what="avg")
+  ct = case_inputs(y_ref.shape, seed=12)
   g = jax.grad(lambda x: jnp.vdot(max_pool(x), ct))(x)
-  g_ref = jax.grad(lambda x: jnp.vdot(_ref_max_nhwc(x), ct))(x)
+  g_ref = oracle(lambda x, ct: jax.grad(lambda x: jnp.vdot(_ref_max_nhwc(x), ct))(x), x, ct)
   _assert_same(g, g_ref, what="grad")
 
 
@@ -386,7 +415,8 @@ def test_padding_takes_part_in_selection(values, pad, window):
   """lax's select_and_scatter treats padding as -inf candidates that route nowhere."""
   x = jnp.asarray(values).reshape(1, -1, 1)
   ours = jax.grad(lambda x: jaxdnn.max_pool(x, (window,), (1,), (pad,)).sum())(x)
-  ref = jax.grad(lambda x: lax_max_pool(x, (window,), (1,), (pad,), layout="NWC").sum())(x)
+  ref = oracle(jax.grad(lambda x: lax_max_pool(x, (window,), (1,), (pad,), layout="NWC").sum()),
+               x)
   np.testing.assert_array_equal(ours, ref)
 
 
@@ -396,13 +426,14 @@ def test_all_padding_windows():
   pads = ((3, 0), (0, 0))
   y = jaxdnn.max_pool(x, (2, 2), (1, 1), pads)
   assert np.isneginf(y[0, 0, 0, 0])
-  _assert_same(y, lax_max_pool(x, (2, 2), (1, 1), pads))
+  _assert_same(y, oracle(lambda x: lax_max_pool(x, (2, 2), (1, 1), pads), x))
   y = jaxdnn.avg_pool(x, (2, 2), (1, 1), pads, count_include_pad=False)
   assert np.isnan(y[0, 0, 0, 0])
-  _assert_same(y, lax_avg_pool(x, (2, 2), (1, 1), pads, count_include_pad=False))
+  _assert_same(y, oracle(lambda x: lax_avg_pool(x, (2, 2), (1, 1), pads, count_include_pad=False),
+                         x))
   g = jax.grad(lambda x: jaxdnn.max_pool(x, (2, 2), (1, 1), pads).sum())(x)
   np.testing.assert_array_equal(
-      g, jax.grad(lambda x: lax_max_pool(x, (2, 2), (1, 1), pads).sum())(x))
+      g, oracle(jax.grad(lambda x: lax_max_pool(x, (2, 2), (1, 1), pads).sum()), x))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,20 +462,21 @@ def test_narrow_dtypes(dtype, layout):
   x64 = x.astype(F64)
   y = jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME", layout=layout)
   assert y.dtype == dtype
-  np.testing.assert_array_equal(y.astype(F64), lax_max_pool(x64, (3, 3), (2, 2), "SAME",
-                                                            layout=layout))
+  np.testing.assert_array_equal(
+      y.astype(F64), oracle(lambda x: lax_max_pool(x, (3, 3), (2, 2), "SAME", layout=layout), x64))
   for include in (True, False):
     y = jaxdnn.avg_pool(x, (3, 3), (2, 2), "SAME", include, layout=layout)
     assert y.dtype == dtype
-    assert_close(y, lax_avg_pool(x64, (3, 3), (2, 2), "SAME", layout=layout,
-                                 count_include_pad=include), RTOL[dtype], "avg")
+    assert_close(y, oracle(lambda x: lax_avg_pool(x, (3, 3), (2, 2), "SAME", layout=layout,
+                                                  count_include_pad=include), x64),
+                 RTOL[dtype], "avg")
   ct = case_inputs(y.shape, dtype, seed=14)
   for ours, ref in ((jaxdnn.max_pool, lax_max_pool), (jaxdnn.avg_pool, lax_avg_pool)):
     g = jax.grad(lambda x: jnp.vdot(ours(x, (3, 3), (2, 2), "SAME", layout=layout), ct)
                  .astype(F32))(x)
     assert g.dtype == dtype
-    g_ref = jax.grad(lambda x: jnp.vdot(ref(x, (3, 3), (2, 2), "SAME", layout=layout),
-                                        ct.astype(F64)))(x64)
+    g_ref = oracle(lambda x, ct: jax.grad(lambda x: jnp.vdot(
+        ref(x, (3, 3), (2, 2), "SAME", layout=layout), ct.astype(F64)))(x), x64, ct)
     assert_close(g, g_ref, RTOL[dtype], f"{ours.__name__} grad")
 
 
@@ -475,11 +507,11 @@ def test_higher_order_max_pool_matches_lax():
   ours = f(lambda x: jaxdnn.max_pool(x, (3, 3), (2, 2), "SAME"))
   ref = f(lambda x: lax_max_pool(x, (3, 3), (2, 2), "SAME"))
   t = case_inputs(x.shape, seed=17)
-  hvp = lambda fn: jax.jvp(jax.grad(fn), (x,), (t,))[1]
-  _assert_same(hvp(ours), hvp(ref), what="hvp")
-  gg = lambda fn: jax.grad(lambda x: jnp.sum(jax.grad(fn)(x) ** 3))(x)
-  _assert_same(gg(ours), gg(ref), what="grad of grad")
-  names = {e.primitive.name for e in jax.make_jaxpr(lambda x: gg(ours))(x).jaxpr.eqns}
+  hvp = lambda fn: (lambda x, t: jax.jvp(jax.grad(fn), (x,), (t,))[1])
+  _assert_same(hvp(ours)(x, t), oracle(hvp(ref), x, t), what="hvp")
+  gg = lambda fn: (lambda x: jax.grad(lambda x: jnp.sum(jax.grad(fn)(x) ** 3))(x))
+  _assert_same(gg(ours)(x), oracle(gg(ref), x), what="grad of grad")
+  names = {e.primitive.name for e in jax.make_jaxpr(gg(ours))(x).jaxpr.eqns}
   assert not names & {"reduce_window_max", "select_and_scatter_add", "select_and_gather_add"}
 
 
@@ -536,14 +568,14 @@ def test_vmap(name, in_axes):
         jnp.stack([a * (i + 1) + seed * i for i in range(batch)]), 0, axis)
   x, v = batched(xs, in_axes[0], 0.25), batched(vs, in_axes[1], 0.5)
   out = jax.vmap(ours, in_axes)(x, v)
-  _assert_same(out, jax.vmap(ref, in_axes)(x, v), what="vmap")
+  _assert_same(out, oracle(jax.vmap(ref, in_axes), x, v), what="vmap")
   calls = [c for c in _custom_calls(jax.vmap(ours, in_axes), x, v) if "pool" in c]
   assert len(calls) == n_calls, calls
   # nested vmap
   nested = [a if ax is None else jnp.stack([a, 2 * a], ax)
             for a, ax in ((x, in_axes[0]), (v, in_axes[1]))]
   _assert_same(jax.vmap(jax.vmap(ours, in_axes), in_axes)(*nested),
-               jax.vmap(jax.vmap(ref, in_axes), in_axes)(*nested), what="nested vmap")
+               oracle(jax.vmap(jax.vmap(ref, in_axes), in_axes), *nested), what="nested vmap")
   # a size-0 mapped axis
   if all(ax in (0, None) for ax in in_axes):
     empty = [a if ax is None else a[:0] for a, ax in ((x, in_axes[0]), (v, in_axes[1]))]
@@ -561,7 +593,7 @@ def test_vmap_layouts_and_gather_scatter_pairs(layout):
   hvp = lambda f: (lambda x, t: jax.jvp(jax.grad(lambda x: jnp.sum(jnp.sin(f(x)))), (x,),
                                         (t,))[1])
   t = case_inputs(x.shape, seed=20)
-  _assert_same(jax.vmap(hvp(pool), (1, 1))(x, t), jax.vmap(hvp(ref), (1, 1))(x, t))
+  _assert_same(jax.vmap(hvp(pool), (1, 1))(x, t), oracle(jax.vmap(hvp(ref), (1, 1)), x, t))
 
 
 def test_jit_matches_eager_and_one_call_per_op():
@@ -595,20 +627,21 @@ def test_global_pools(layout):
   shape = (2, *spatial, 6) if cl else (2, 6, *spatial)
   axes = tuple(range(1, 1 + nsd)) if cl else tuple(range(2, 2 + nsd))
   x = case_inputs(shape, seed=23)
-  _assert_same(jaxdnn.global_avg_pool(x, layout=layout), jnp.mean(x, axes))
-  np.testing.assert_array_equal(jaxdnn.global_max_pool(x, layout=layout), jnp.max(x, axes))
-  _assert_same(jaxdnn.global_avg_pool(x, layout=layout, keepdims=True),
-               jnp.mean(x, axes, keepdims=True))
-  np.testing.assert_array_equal(jaxdnn.global_max_pool(x, layout=layout, keepdims=True),
-                                jnp.max(x, axes, keepdims=True))
+  mean, top = oracle(lambda x: (jnp.mean(x, axes, keepdims=True), jnp.max(x, axes,
+                                                                          keepdims=True)), x)
+  _assert_same(jaxdnn.global_avg_pool(x, layout=layout), mean.reshape(x.shape[0], -1))
+  np.testing.assert_array_equal(jaxdnn.global_max_pool(x, layout=layout),
+                                top.reshape(x.shape[0], -1))
+  _assert_same(jaxdnn.global_avg_pool(x, layout=layout, keepdims=True), mean)
+  np.testing.assert_array_equal(jaxdnn.global_max_pool(x, layout=layout, keepdims=True), top)
   check_grads(lambda x: jaxdnn.global_avg_pool(x, layout=layout), (x,), order=2)
   check_grads(lambda x: jaxdnn.global_max_pool(x, layout=layout), (x,), order=2, eps=1e-4)
   if cl and nsd == 2:
-    np.testing.assert_array_equal(jaxdnn.global_max_pool(x), jnp.max(x, axes))
+    np.testing.assert_array_equal(jaxdnn.global_max_pool(x), top.reshape(x.shape[0], -1))
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors, and the CUDA backend.
+# Errors (the CUDA lowering is checked in test_lowering_cuda.py).
 
 X = jnp.zeros((2, 6, 6, 3), jnp.float32)
 
@@ -651,10 +684,3 @@ def test_primitive_shape_checks():
     pool_prims.max_pool_gather_p.bind(jnp.zeros((2, 6, 6, 3)), jnp.zeros((2, 6, 6, 3),
                                       jnp.float32), geometry=geometry)
 
-
-def test_cuda_lowering_refuses():
-  x = jnp.zeros((2, 6, 6, 3), jnp.float32)
-  for fn in (lambda x: jaxdnn.max_pool(x, (2, 2)), lambda x: jaxdnn.avg_pool(x, (2, 2)),
-             jax.grad(lambda x: jaxdnn.max_pool(x, (2, 2)).sum())):
-    with pytest.raises(NotImplementedError, match="jaxdnn pooling has no CUDA kernel yet"):
-      jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",))

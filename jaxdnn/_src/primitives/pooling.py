@@ -19,13 +19,14 @@ always replaced. (lax's own JVP, select_and_gather_add, breaks 2-D ties differen
 jaxdnn's JVP uses the gradient's rule, so G and S stay exact transposes.)
 
 Operands are channels-last (N, spatial..., C) or channels-first (N, C, spatial...) per the
-geometry; the CPU kernels see channels-first arrays as N*C single-channel images.
+geometry; the kernels (CPU and CUDA) see channels-first arrays as N*C single-channel images.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +35,9 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
 from jaxdnn._src import algorithms
+from jaxdnn._src import ffi as jffi
 
-NO_CUDA_KERNEL = "jaxdnn pooling has no CUDA kernel yet"
+NO_CUDA_EXTENSION = "jaxdnn was built without its CUDA extension"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,30 +227,48 @@ def _kernel_shape(shape, g: PoolGeometry):
   return tuple(shape) if g.channels_last else (shape[0] * shape[1], *shape[2:], 1)
 
 
-def _cpu_impl(prim, *args, geometry):
+def _scatter_workspace_bytes(platform: str, g: PoolGeometry, y_elems: int) -> int:
+  """Bytes of the scatter's arg-max workspace: one tap per output element, int32 on the CPU;
+  on CUDA uint8 when the window has at most 255 taps, else int32 (cuda::pool_workspace_bytes)."""
+  if platform == "cuda" and math.prod(g.window) <= 255:
+    return y_elems
+  return 4 * y_elems
+
+
+def _ffi_impl(platform, prim, *args, geometry):
   g = geometry
   out_aval = _abstract_eval(prim, *(jax.typeof(a) for a in args), geometry=g)
   if 0 in out_aval.shape:
     return jnp.zeros(out_aval.shape, out_aval.dtype)
   target, _, _ = _SIGNATURES[prim]
-  if not g.channels_last and prim in (max_pool_gather_p, max_pool_scatter_p):
-    # The arg-max kernels vectorize over channels only: channels-first operands are transposed
-    # to channels-last (two copies; far cheaper than one-channel arg-max loops).
+  if (platform == "cpu" and not g.channels_last
+      and prim in (max_pool_gather_p, max_pool_scatter_p)):
+    # The CPU arg-max kernels vectorize over channels only: channels-first operands are
+    # transposed to channels-last (two copies; far cheaper than one-channel arg-max loops).
+    # The CUDA kernels run one-channel images directly (one thread per pixel).
     to_last = (0, *range(2, len(out_aval.shape)), 1)
     last = dataclasses.replace(g, channels_last=True)
-    out = _cpu_impl(prim, *(jnp.transpose(a, to_last) for a in args), geometry=last)
+    out = _ffi_impl(platform, prim, *(jnp.transpose(a, to_last) for a in args), geometry=last)
     return jnp.transpose(out, np.argsort(to_last))
   kernel_args = [a.reshape(_kernel_shape(a.shape, g)) for a in args]
   results = [jax.ShapeDtypeStruct(_kernel_shape(out_aval.shape, g), out_aval.dtype)]
-  if prim is max_pool_scatter_p:  # one int32 arg-max tap per output element
-    results.append(jax.ShapeDtypeStruct((4 * int(np.prod(kernel_args[1].shape)),), np.uint8))
+  if prim is max_pool_scatter_p:  # the arg-max taps of the outputs
+    y_elems = int(np.prod(kernel_args[1].shape))
+    results.append(jax.ShapeDtypeStruct((_scatter_workspace_bytes(platform, g, y_elems),),
+                                        np.uint8))
   outs = jax.ffi.ffi_call(target, results)(*kernel_args, **g.ffi_attributes())
   return outs[0].reshape(out_aval.shape)
 
 
+def _cpu_impl(prim, *args, geometry):
+  return _ffi_impl("cpu", prim, *args, geometry=geometry)
+
+
 def _cuda_impl(prim, *args, geometry):
-  raise NotImplementedError(f"{NO_CUDA_KERNEL} ({prim.name}); run pooling on the CPU or use "
-                            f"flax.linen / lax.reduce_window on the GPU")
+  if jffi.extension("cuda") is None:  # also registers the CUDA targets
+    raise NotImplementedError(f"{NO_CUDA_EXTENSION} ({prim.name}); rebuild jaxdnn with a CUDA "
+                              f"compiler (JAXDNN_CUDA=ON) or run pooling on the CPU")
+  return _ffi_impl("cuda", prim, *args, geometry=geometry)
 
 
 @functools.lru_cache(maxsize=None)
