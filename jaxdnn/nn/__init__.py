@@ -45,6 +45,8 @@ from jaxdnn._src import algorithms as _algorithms
 from jaxdnn._src.algorithms import ConvAlgo
 from jaxdnn.conv import conv as _conv
 from jaxdnn.conv_transpose import conv_transpose as _conv_transpose
+from jaxdnn.pooling import avg_pool as _avg_pool
+from jaxdnn.pooling import max_pool as _max_pool
 
 __all__ = [
     "ACTIVATIONS",
@@ -341,26 +343,27 @@ class ConvTranspose(_linen.Module):
 # Pooling.
 
 class MaxPool(_linen.Module):
-  """flax.linen.max_pool as a module.
-
-  This wraps flax's (XLA reduce_window) pooling for now; jaxdnn's pooling kernels are a separate,
-  later issue, and will replace the implementation behind the same fields.
-  """
+  """flax.linen.max_pool as a module, computed by jaxdnn.max_pool (flax's arguments, results and
+  dtypes)."""
 
   window_shape: Sequence[int]
   strides: Sequence[int] | None = None
   padding: str | Sequence[tuple[int, int]] = "VALID"
 
   def __call__(self, inputs):
-    return _linen.max_pool(inputs, tuple(self.window_shape), strides=self.strides,
-                           padding=self.padding)
+    return _max_pool(inputs, tuple(self.window_shape), strides=self.strides,
+                     padding=self.padding)
 
 
 class AvgPool(_linen.Module):
-  """flax.linen.avg_pool as a module (count_include_pad: divide by the full window size).
+  """flax.linen.avg_pool as a module, computed by jaxdnn.avg_pool (count_include_pad: divide by
+  the full window size, else by the in-bounds taps).
 
-  This wraps flax's (XLA reduce_window) pooling for now; jaxdnn's pooling kernels are a separate,
-  later issue, and will replace the implementation behind the same fields.
+  The results have flax's dtype: with count_include_pad=False flax divides by a count in the
+  default float dtype, which promotes narrower inputs, and the result is cast the same way.
+  Values are flax's up to rounding: XLA turns flax's division by a constant count into a
+  multiplication by its reciprocal where jaxdnn divides, and jaxdnn sums 16-bit inputs in float32
+  where flax adds in the input dtype.
   """
 
   window_shape: Sequence[int]
@@ -369,8 +372,11 @@ class AvgPool(_linen.Module):
   count_include_pad: bool = True
 
   def __call__(self, inputs):
-    return _linen.avg_pool(inputs, tuple(self.window_shape), strides=self.strides,
-                           padding=self.padding, count_include_pad=self.count_include_pad)
+    y = _avg_pool(inputs, tuple(self.window_shape), strides=self.strides, padding=self.padding,
+                  count_include_pad=self.count_include_pad)
+    if not self.count_include_pad:
+      y = y.astype(jnp.promote_types(y.dtype, jnp.result_type(float)))
+    return y
 
 
 # ---------------------------------------------------------------------------------------------
