@@ -32,13 +32,15 @@
 // are exact; split_fwd may return the other signed zero of a max tie between +0 and -0.
 //
 // Nothing depends on timing, the device or the launch configuration beyond the problem itself:
-// results are bitwise reproducible.
+// results are bitwise reproducible. JAXDNN_POOL_SPLIT=0 / =1 (read once) turns split_fwd off /
+// on for every window of 2 taps or more, so that checkers reach both forward paths.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math_constants.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -137,34 +139,71 @@ struct Vec {
   }
 };
 
-// V arg-max entries of type G (uint8 or int32), in pieces of at most 16 bytes.
+// Raw words as 32-bit words and back (arg-max taps are unpacked with shifts, in registers).
+__device__ __forceinline__ void to_words(unsigned char r, uint32_t* w) { w[0] = r; }
+__device__ __forceinline__ void to_words(unsigned short r, uint32_t* w) { w[0] = r; }
+__device__ __forceinline__ void to_words(unsigned int r, uint32_t* w) { w[0] = r; }
+__device__ __forceinline__ void to_words(const uint2& r, uint32_t* w) { w[0] = r.x, w[1] = r.y; }
+__device__ __forceinline__ void to_words(const uint4& r, uint32_t* w) {
+  w[0] = r.x, w[1] = r.y, w[2] = r.z, w[3] = r.w;
+}
+__device__ __forceinline__ void from_words(const uint32_t* w, unsigned char* r) {
+  *r = static_cast<unsigned char>(w[0]);
+}
+__device__ __forceinline__ void from_words(const uint32_t* w, unsigned short* r) {
+  *r = static_cast<unsigned short>(w[0]);
+}
+__device__ __forceinline__ void from_words(const uint32_t* w, unsigned int* r) { *r = w[0]; }
+__device__ __forceinline__ void from_words(const uint32_t* w, uint2* r) {
+  r->x = w[0], r->y = w[1];
+}
+__device__ __forceinline__ void from_words(const uint32_t* w, uint4* r) {
+  r->x = w[0], r->y = w[1], r->z = w[2], r->w = w[3];
+}
+
+// V arg-max taps stored as G (uint8: 0..254, 255 for none; int32: -1 for none) and handled as
+// int in the kernels; at most 16 bytes per access.
+template <typename G> __host__ __device__ constexpr int no_tap() {
+  return std::is_same_v<G, uint8_t> ? 0xff : -1;
+}
+
 template <typename G, int V>
 struct ArgVec {
   static constexpr int kBytes = sizeof(G) * V;
   static constexpr int kPiece = kBytes < 16 ? kBytes : 16;
-  static constexpr int kPer = kPiece / sizeof(G);
+  static constexpr int kWords = (kPiece + 3) / 4;
+  static constexpr int kPer = kPiece / sizeof(G);  // taps per piece
   using R = typename Raw<kPiece>::type;
 
-  static __device__ __forceinline__ void load(const G* p, G (&o)[V]) {
+  static __device__ __forceinline__ void load(const G* p, int (&o)[V]) {
 #pragma unroll
     for (int q = 0; q < V; q += kPer) {
-      const R r = ldg_raw(reinterpret_cast<const R*>(p + q));
-      memcpy(o + q, &r, kPiece);
+      uint32_t w[kWords];
+      to_words(ldg_raw(reinterpret_cast<const R*>(p + q)), w);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        if (sizeof(G) == 1) o[q + e] = (w[e / 4] >> (8 * (e % 4))) & 0xff;
+        else o[q + e] = static_cast<int>(w[e]);
+      }
     }
   }
-  static __device__ __forceinline__ void store(G* p, const G (&v)[V]) {
+  static __device__ __forceinline__ void store(G* p, const int (&v)[V]) {
 #pragma unroll
     for (int q = 0; q < V; q += kPer) {
+      uint32_t w[kWords];
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] = 0;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        if (sizeof(G) == 1) w[e / 4] |= (static_cast<uint32_t>(v[q + e]) & 0xffu) << (8 * (e % 4));
+        else w[e] = static_cast<uint32_t>(v[q + e]);
+      }
       R r;
-      memcpy(&r, v + q, kPiece);
+      from_words(w, &r);
       *reinterpret_cast<R*>(p + q) = r;
     }
   }
 };
-
-template <typename G> __host__ __device__ constexpr G no_tap() {
-  return std::is_same_v<G, uint8_t> ? G(0xff) : G(-1);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Window arithmetic (pool_cpu.cc's, in int).
@@ -215,17 +254,18 @@ __device__ __forceinline__ Cover cover(const Geo& g, int d, int i) {
 }
 
 // Decomposes item t of an (N, e0, e1, e2, CV) index space.
+// (The extents come by value: the address of a kernel parameter would cost a local copy.)
 template <typename I>
-__device__ __forceinline__ void split_item(I t, int CV, const int e[3], int* cv, int p[3],
-                                           i64* n) {
+__device__ __forceinline__ void split_item(I t, int CV, int e0, int e1, int e2, int* cv,
+                                           int p[3], i64* n) {
   *cv = static_cast<int>(t % static_cast<I>(CV));
   t /= static_cast<I>(CV);
-  p[2] = static_cast<int>(t % static_cast<I>(e[2]));
-  t /= static_cast<I>(e[2]);
-  p[1] = static_cast<int>(t % static_cast<I>(e[1]));
-  t /= static_cast<I>(e[1]);
-  p[0] = static_cast<int>(t % static_cast<I>(e[0]));
-  *n = static_cast<i64>(t / static_cast<I>(e[0]));
+  p[2] = static_cast<int>(t % static_cast<I>(e2));
+  t /= static_cast<I>(e2);
+  p[1] = static_cast<int>(t % static_cast<I>(e1));
+  t /= static_cast<I>(e1);
+  p[0] = static_cast<int>(t % static_cast<I>(e0));
+  *n = static_cast<i64>(t / static_cast<I>(e0));
 }
 
 template <typename A>
@@ -236,7 +276,7 @@ __device__ __forceinline__ A max_step(A m, A v) {  // lax's max: NaN wins and st
 // ---------------------------------------------------------------------------------------------
 // Forward: max or avg over the in-bounds taps of each window, in window order.
 template <typename T, int V, bool kMax, typename I>
-__global__ void __launch_bounds__(kBlock)
+__global__ void
     window_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
@@ -244,7 +284,7 @@ __global__ void __launch_bounds__(kBlock)
   if (t >= items) return;
   int cv, o[3];
   i64 n;
-  split_item(t, g.CV, g.out, &cv, o, &n);
+  split_item(t, g.CV, g.out[0], g.out[1], g.out[2], &cv, o, &n);
   int start[3], k0[3], k1[3];
 #pragma unroll
   for (int d = 0; d < 3; ++d) {
@@ -292,7 +332,7 @@ __global__ void __launch_bounds__(kBlock)
 // Forward for large windows: S threads per item (blockDim = S x kBlock/S with the S threads as
 // consecutive lanes when kLaneSplit, else kBlock/S x S with the items as consecutive lanes).
 template <typename T, int V, bool kMax, bool kLaneSplit, typename I>
-__global__ void __launch_bounds__(kBlock)
+__global__ void
     split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items, int S) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
@@ -308,7 +348,7 @@ __global__ void __launch_bounds__(kBlock)
   if (t < items) {
     int cv;
     i64 n;
-    split_item(t, g.CV, g.out, &cv, o, &n);
+    split_item(t, g.CV, g.out[0], g.out[1], g.out[2], &cv, o, &n);
     int start[3], k0[3], k1[3];
 #pragma unroll
     for (int d = 0; d < 3; ++d) {
@@ -318,15 +358,29 @@ __global__ void __launch_bounds__(kBlock)
     const int n1 = k1[1] - k0[1], n2 = k1[2] - k0[2];
     const int count = (k1[0] - k0[0]) * n1 * n2;
     const T* xn = x + n * g.in_pix * g.C + static_cast<i64>(cv) * V;
-    for (int f = s; f < count; f += S) {
-      const int c = k0[2] + f % n2, r = f / n2;
-      const int b = k0[1] + r % n1, a = k0[0] + r / n1;
-      const i64 i0 = start[0] + a * g.dl[0], i1 = start[1] + b * g.dl[1];
-      const i64 i2 = start[2] + c * g.dl[2];
-      A v[V];
-      VT::unpack(VT::load(xn + ((i0 * g.in[1] + i1) * g.in[2] + i2) * g.C), v);
+    // Taps s, s + S, s + 2S, ... in that order, loads issued 4 at a time.
+    for (int f0 = s; f0 < count; f0 += 4 * S) {
+      typename VT::R raw[4];
 #pragma unroll
-      for (int e = 0; e < V; ++e) acc[e] = kMax ? max_step(acc[e], v[e]) : acc[e] + v[e];
+      for (int j = 0; j < 4; ++j) {
+        const int f = f0 + j * S;
+        if (f < count) {
+          const int c = k0[2] + f % n2, r = f / n2;
+          const int b = k0[1] + r % n1, a = k0[0] + r / n1;
+          const i64 i0 = start[0] + a * g.dl[0], i1 = start[1] + b * g.dl[1];
+          const i64 i2 = start[2] + c * g.dl[2];
+          raw[j] = VT::load(xn + ((i0 * g.in[1] + i1) * g.in[2] + i2) * g.C);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (f0 + j * S < count) {
+          A v[V];
+          VT::unpack(raw[j], v);
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[e] = kMax ? max_step(acc[e], v[e]) : acc[e] + v[e];
+        }
+      }
     }
   }
   A* mine = partial + (static_cast<i64>(local) * S + s) * V;
@@ -354,7 +408,7 @@ __global__ void __launch_bounds__(kBlock)
 // t at the arg-max (0 when padding is selected); else writes the arg-max tap (no_tap<G>() for
 // padding) into `arg`.
 template <typename T, int V, bool kGather, typename G, typename I>
-__global__ void __launch_bounds__(kBlock)
+__global__ void
     select_kernel(Geo g, const T* __restrict__ x, const T* __restrict__ tangent,
                   T* __restrict__ y, G* __restrict__ arg, I items) {
   using A = typename AccOf<T>::type;
@@ -363,7 +417,7 @@ __global__ void __launch_bounds__(kBlock)
   if (t >= items) return;
   int cv, o[3];
   i64 n;
-  split_item(t, g.CV, g.out, &cv, o, &n);
+  split_item(t, g.CV, g.out[0], g.out[1], g.out[2], &cv, o, &n);
   int start[3], k0[3], k1[3];
 #pragma unroll
   for (int d = 0; d < 3; ++d) {
@@ -372,7 +426,7 @@ __global__ void __launch_bounds__(kBlock)
   }
   A sel[V];    // the selected value; NaN: the first tap replaces it, whatever its value
   A picked[V]; // kGather: the tangent at the selection
-  G tap[V];    // else: the selected tap
+  int tap[V];  // else: the selected tap
 #pragma unroll
   for (int e = 0; e < V; ++e) {
     sel[e] = quiet_nan<A>();
@@ -419,7 +473,7 @@ __global__ void __launch_bounds__(kBlock)
           A v[V], tv[V];
           VT::unpack(rx[j], v);
           if (kGather) VT::unpack(rt[j], tv);
-          const G k = static_cast<G>(tap_row + c + j);
+          const int k = tap_row + c + j;
 #pragma unroll
           for (int e = 0; e < V; ++e) {
             const bool take = !(sel[e] >= v[e]);
@@ -439,7 +493,7 @@ __global__ void __launch_bounds__(kBlock)
 // Max-pool backward, second pass: dx at each input is the sum, over the windows covering it (in
 // the CPU's order), of dy where the window's arg-max is this input's tap.
 template <typename T, int V, typename G, typename I>
-__global__ void __launch_bounds__(kBlock)
+__global__ void
     scatter_kernel(Geo g, const T* __restrict__ dy, const G* __restrict__ arg,
                    T* __restrict__ dx, I items) {
   using A = typename AccOf<T>::type;
@@ -448,7 +502,7 @@ __global__ void __launch_bounds__(kBlock)
   if (t >= items) return;
   int cv, i[3];
   i64 n;
-  split_item(t, g.CV, g.in, &cv, i, &n);
+  split_item(t, g.CV, g.in[0], g.in[1], g.in[2], &cv, i, &n);
   const Cover c0 = cover(g, 0, i[0]), c1 = cover(g, 1, i[1]), c2 = cover(g, 2, i[2]);
   A acc[V];
 #pragma unroll
@@ -463,8 +517,8 @@ __global__ void __launch_bounds__(kBlock)
       for (int c = 0; c < c2.n; ++c) {
         const int kc = c2.k + c * g.cstep[2], oc = c2.o - c * g.costep[2];
         const i64 off = base + (row * g.out[2] + oc) * g.C;
-        const G k = static_cast<G>(tap_ab + kc);
-        G sel[V];
+        const int k = tap_ab + kc;
+        int sel[V];
         ArgVec<G, V>::load(arg + off, sel);
         bool any = false;
 #pragma unroll
@@ -482,7 +536,7 @@ __global__ void __launch_bounds__(kBlock)
 
 // Avg-pool backward: dx[i] = sum over the windows o covering i of dy[o] * (1 / divisor[o]).
 template <typename T, int V, typename I>
-__global__ void __launch_bounds__(kBlock)
+__global__ void
     avg_bwd_kernel(Geo g, const T* __restrict__ dy, T* __restrict__ dx, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
@@ -490,7 +544,7 @@ __global__ void __launch_bounds__(kBlock)
   if (t >= items) return;
   int cv, i[3];
   i64 n;
-  split_item(t, g.CV, g.in, &cv, i, &n);
+  split_item(t, g.CV, g.in[0], g.in[1], g.in[2], &cv, i, &n);
   const Cover c0 = cover(g, 0, i[0]), c1 = cover(g, 1, i[1]), c2 = cover(g, 2, i[2]);
   const bool single = c0.n == 1 && c1.n == 1 && c2.n == 1;
   A acc[V];
@@ -562,6 +616,15 @@ unsigned blocks_for(i64 items, int per_block) {
   return static_cast<unsigned>((items + per_block - 1) / per_block);
 }
 
+// JAXDNN_POOL_SPLIT: -1 unset (heuristic), 0 never split, 1 split every window of >= 2 taps.
+int split_override() {
+  static const int value = [] {
+    const char* v = std::getenv("JAXDNN_POOL_SPLIT");
+    return v == nullptr || *v == 0 ? -1 : (*v == '0' ? 0 : 1);
+  }();
+  return value;
+}
+
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The launches of one (dtype, vector width, index type).
@@ -576,15 +639,21 @@ struct Launcher {
     if (items == 0) return "";
     // Large windows with few outputs: share each item among S threads.
     const i64 taps = p.window_elems();
+    const bool one_channel = V == 1 && p.C == 1;
     int S = 1;
-    bool lanes = false;
-    if (taps >= 16) {
-      if (V == 1 && p.C == 1) {
-        if (items < kFillThreads) S = taps >= 32 ? 32 : 16, lanes = true;
+    if (split_override() == 1) {
+      if (taps >= 2) {
+        S = one_channel ? (taps >= 32 ? 32 : 16) : 2;
+        while (!one_channel && S < 32 && 2 * S <= taps) S *= 2;
+      }
+    } else if (split_override() == -1 && taps >= 16) {
+      if (one_channel) {
+        if (items < kFillThreads) S = taps >= 32 ? 32 : 16;
       } else {
         while (S < 32 && 4 * S <= taps && items * S < kFillThreads) S *= 2;
       }
     }
+    const bool lanes = one_channel && S > 1;
     if (S == 1) {
       if (is_max) window_fwd_kernel<T, V, true, I><<<blocks_for(items, kBlock), kBlock, 0,
                                                       stream>>>(g, x, y, static_cast<I>(items));
@@ -648,6 +717,8 @@ struct Launcher {
       case PoolOp::kMaxGather: return gather(as, bs, os);
       case PoolOp::kMaxScatter:
         if (p.window_elems() <= 255) return scatter(as, bs, os, static_cast<uint8_t*>(workspace));
+        if (reinterpret_cast<uintptr_t>(workspace) % 4 != 0)
+          return "the workspace of a scatter over more than 255 taps must be 4-byte aligned";
         return scatter(as, bs, os, static_cast<int32_t*>(workspace));
       case PoolOp::kAvgBackward: return avg_backward(as, os);
     }

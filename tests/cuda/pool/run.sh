@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from anywhere: bash tests/cuda/pool/run.sh [OUTDIR]   (about 2 min)
+# Builds the standalone pooling check with nvcc, checks every pooling kernel against the host
+# reference (full set) with the forward's heuristic, plain (JAXDNN_POOL_SPLIT=0) and split
+# (=1) kernels, runs memcheck and racecheck on the quick set, then the ResNet-50 timing table
+# (bf16 NHWC N=32, target >= 3000 GB/s). Exit status: non-zero when a build or a check failed.
+set -u
+cd "$(dirname "$0")/../../.."
+O=${1:-${OUT:-/tmp/poolcheck}}
+mkdir -p "$O"
+BIN=/tmp/jaxdnn-poolcheck
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$O/info.txt"
+t0=$SECONDS
+nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \
+  -Xptxas -v -Xcompiler -ffp-contract=off -I ffi/include -I ffi/cuda -I tests/cuda/pool \
+  tests/cuda/pool/check.cu ffi/cuda/pool_cuda.cu -o $BIN > "$O/build.txt" 2>&1 \
+  || { grep -v "ptxas info" "$O/build.txt" | head -50; echo "BUILD FAILED"; exit 2; }
+echo "build $((SECONDS - t0)) s; registers/spills of the pooling kernels:"
+grep -E "spill|Used" "$O/build.txt" | sed -E 's/ptxas info *: //' | sort | uniq -c | sort -rn | head -8
+rc=0
+for split in heuristic 0 1; do
+  t1=$SECONDS
+  if [ "$split" = heuristic ]; then
+    env -u JAXDNN_POOL_SPLIT timeout 300 $BIN full > "$O/check_$split.txt" 2>&1 || rc=1
+  else
+    JAXDNN_POOL_SPLIT=$split timeout 300 $BIN full > "$O/check_$split.txt" 2>&1 || rc=1
+  fi
+  grep -E "^(FAIL|CUDA|pool check)" "$O/check_$split.txt" | head -12
+  echo "  ($((SECONDS - t1)) s)"
+done
+t1=$SECONDS
+timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN quick > "$O/memcheck.txt" 2>&1 \
+  || rc=1
+echo "memcheck: $(grep -E 'ERROR SUMMARY' "$O/memcheck.txt" | tail -1) ($((SECONDS - t1)) s)"
+t1=$SECONDS
+JAXDNN_POOL_SPLIT=1 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 $BIN quick \
+  > "$O/racecheck.txt" 2>&1 || rc=1
+echo "racecheck (split kernels): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck.txt" | tail -1) ($((SECONDS - t1)) s)"
+echo "---- timings (median of 7 x 20 launches; GB/s counts bytes read + written)"
+timeout 120 $BIN --no-check bench --csv "$O/bench.csv" | grep "^BENCH" | tee "$O/bench.txt"
+echo "total $((SECONDS - t0)) s, rc=$rc"
+exit $rc
