@@ -1,4 +1,5 @@
-"""Every GPU family x operation x dtype on small problems, for compute-sanitizer (gpu-check)."""
+"""Every GPU family x operation x dtype on small problems, and every pooling kernel, for
+compute-sanitizer (gpu-check)."""
 
 import jax
 import jax.numpy as jnp
@@ -35,4 +36,24 @@ for layout, n, c, k, sp, filt, stride, dil, pad, groups in CASES:
           continue
         jax.block_until_ready(jax.jit(lambda a, b: fn(a, b, g, algo))(a, b))
         checked += 1
-print(f"checked {checked} (family, op, dtype, geometry) combinations")
+
+# Pooling: forward, JVP (arg-max gather), gradient (arg-max scatter) and avg backward, both
+# layouts, a global window (split kernels) and one of more than 255 taps (int32 arg-max).
+POOL_CASES = [  # (layout, shape, window, strides, padding)
+    ("NHWC", (2, 9, 8, 16), (3, 3), (2, 2), ((1, 1), (1, 1))),
+    ("NHWC", (2, 7, 6, 3), (2, 3), (1, 2), "SAME"),
+    ("NCHW", (2, 3, 9, 8), (3, 3), (2, 2), "SAME"),
+    ("NHWC", (2, 7, 7, 64), (7, 7), (1, 1), "VALID"),
+    ("NCHW", (2, 8, 7, 7), (7, 7), (1, 1), "VALID"),
+    ("NHWC", (1, 17, 17, 8), (16, 16), (1, 1), "VALID"),
+]
+pooled = 0
+for layout, shape, window, strides, padding in POOL_CASES:
+  for dtype in (jnp.float32, jnp.bfloat16, jnp.float64):
+    x = jnp.asarray(rng.standard_normal(shape), dtype)
+    for pool in (jaxdnn.max_pool, jaxdnn.avg_pool):
+      f = lambda x: pool(x, window, strides, padding, layout=layout)
+      jax.block_until_ready(jax.jit(lambda x: jax.jvp(f, (x,), (x,)))(x))
+      jax.block_until_ready(jax.jit(jax.grad(lambda x: jnp.sum(f(x).astype(jnp.float32))))(x))
+      pooled += 1
+print(f"checked {checked} (family, op, dtype, geometry) combinations and {pooled} pooling cases")
