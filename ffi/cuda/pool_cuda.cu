@@ -276,8 +276,7 @@ __device__ __forceinline__ A max_step(A m, A v) {  // lax's max: NaN wins and st
 // ---------------------------------------------------------------------------------------------
 // Forward: max or avg over the in-bounds taps of each window, in window order.
 template <typename T, int V, bool kMax, typename I>
-__global__ void
-    window_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items) {
+__global__ void window_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
   const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
@@ -332,8 +331,8 @@ __global__ void
 // Forward for large windows: S threads per item (blockDim = S x kBlock/S with the S threads as
 // consecutive lanes when kLaneSplit, else kBlock/S x S with the items as consecutive lanes).
 template <typename T, int V, bool kMax, bool kLaneSplit, typename I>
-__global__ void
-    split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items, int S) {
+__global__ void split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items,
+                                 int S) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
   extern __shared__ unsigned char smem[];
@@ -408,9 +407,8 @@ __global__ void
 // t at the arg-max (0 when padding is selected); else writes the arg-max tap (no_tap<G>() for
 // padding) into `arg`.
 template <typename T, int V, bool kGather, typename G, typename I>
-__global__ void
-    select_kernel(Geo g, const T* __restrict__ x, const T* __restrict__ tangent,
-                  T* __restrict__ y, G* __restrict__ arg, I items) {
+__global__ void select_kernel(Geo g, const T* __restrict__ x, const T* __restrict__ tangent,
+                              T* __restrict__ y, G* __restrict__ arg, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
   const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
@@ -493,9 +491,8 @@ __global__ void
 // Max-pool backward, second pass: dx at each input is the sum, over the windows covering it (in
 // the CPU's order), of dy where the window's arg-max is this input's tap.
 template <typename T, int V, typename G, typename I>
-__global__ void
-    scatter_kernel(Geo g, const T* __restrict__ dy, const G* __restrict__ arg,
-                   T* __restrict__ dx, I items) {
+__global__ void scatter_kernel(Geo g, const T* __restrict__ dy, const G* __restrict__ arg,
+                               T* __restrict__ dx, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
   const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
@@ -536,8 +533,7 @@ __global__ void
 
 // Avg-pool backward: dx[i] = sum over the windows o covering i of dy[o] * (1 / divisor[o]).
 template <typename T, int V, typename I>
-__global__ void
-    avg_bwd_kernel(Geo g, const T* __restrict__ dy, T* __restrict__ dx, I items) {
+__global__ void avg_bwd_kernel(Geo g, const T* __restrict__ dy, T* __restrict__ dx, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
   const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
@@ -763,7 +759,8 @@ std::string pool_can_implement(const PoolProblem& p) {
                           p.count_hi[d] < 0 ? -p.count_hi[d] : p.count_hi[d]};
     for (i64 v : values)
       if (v > kLim) return "a spatial extent, window, stride, dilation or padding exceeds 2^28";
-    if ((p.window[d] - 1) * p.dilation[d] > kLim || (p.out[d] > 0 && (p.out[d] - 1) * p.stride[d] > kLim))
+    if ((p.window[d] - 1) * p.dilation[d] > kLim ||
+        (p.out[d] > 0 && (p.out[d] - 1) * p.stride[d] > kLim))
       return "a dilated window or strided output extent exceeds 2^28";
   }
   if (p.C > std::numeric_limits<int32_t>::max()) return "more than 2^31 - 1 channels";

@@ -75,8 +75,16 @@ double get(DType t, const std::vector<unsigned char>& b, i64 i) {
   switch (t) {
     case DType::kF32: { float v; std::memcpy(&v, &b[i * 4], 4); return v; }
     case DType::kF64: { double v; std::memcpy(&v, &b[i * 8], 8); return v; }
-    case DType::kBF16: { uint16_t h; std::memcpy(&h, &b[i * 2], 2); return hostfp::bf16_to_float(h); }
-    default: { uint16_t h; std::memcpy(&h, &b[i * 2], 2); return hostfp::f16_to_float(h); }
+    case DType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, &b[i * 2], 2);
+      return hostfp::bf16_to_float(h);
+    }
+    default: {
+      uint16_t h;
+      std::memcpy(&h, &b[i * 2], 2);
+      return hostfp::f16_to_float(h);
+    }
   }
 }
 
@@ -85,8 +93,16 @@ void put(DType t, std::vector<unsigned char>& b, i64 i, double v) {
   switch (t) {
     case DType::kF32: { float f = static_cast<float>(v); std::memcpy(&b[i * 4], &f, 4); break; }
     case DType::kF64: std::memcpy(&b[i * 8], &v, 8); break;
-    case DType::kBF16: { uint16_t h = hostfp::float_to_bf16(static_cast<float>(v)); std::memcpy(&b[i * 2], &h, 2); break; }
-    default: { uint16_t h = hostfp::float_to_f16(static_cast<float>(v)); std::memcpy(&b[i * 2], &h, 2); break; }
+    case DType::kBF16: {
+      const uint16_t h = hostfp::float_to_bf16(static_cast<float>(v));
+      std::memcpy(&b[i * 2], &h, 2);
+      break;
+    }
+    default: {
+      const uint16_t h = hostfp::float_to_f16(static_cast<float>(v));
+      std::memcpy(&b[i * 2], &h, 2);
+      break;
+    }
   }
 }
 
@@ -546,8 +562,8 @@ void check_case(Tally& tl, const Spec& s, DType t, Pattern pat, bool mis, uint64
   std::vector<i64> terms;
 
   ref.max_forward<A>(x, want_y);
-  compare_exact(tl, "max_fwd", s, t, pat, mis, device(PoolOp::kMaxForward, x, nullptr, yb, "max_fwd"),
-                want_y, true);
+  compare_exact(tl, "max_fwd", s, t, pat, mis,
+                device(PoolOp::kMaxForward, x, nullptr, yb, "max_fwd"), want_y, true);
 
   ref.select<A>(x, &tan, arg, &want_y);
   compare_exact(tl, "gather", s, t, pat, mis, device(PoolOp::kMaxGather, x, &tan, yb, "gather"),
@@ -562,8 +578,9 @@ void check_case(Tally& tl, const Spec& s, DType t, Pattern pat, bool mis, uint64
               want_y, exact, scale, terms);
 
   ref.avg_backward<A>(dy, want_x, exact, scale, terms);
-  compare_sum(tl, "avg_bwd", s, t, pat, mis, device(PoolOp::kAvgBackward, dy, nullptr, xb, "avg_bwd"),
-              want_x, exact, scale, terms);
+  compare_sum(tl, "avg_bwd", s, t, pat, mis,
+              device(PoolOp::kAvgBackward, dy, nullptr, xb, "avg_bwd"), want_x, exact, scale,
+              terms);
 }
 
 // Refusals: the workspace check and the extent limits.
@@ -602,11 +619,14 @@ struct BenchCase {
 void bench(const char* csv_path) {
   const DType t = DType::kBF16;
   std::vector<BenchCase> cases = {
-      {"maxpool3x3s2p1 32x112x112x64", {"", 2, 32, 64, {112, 112}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}}},
-      {"maxpool3x3s2p1 NCHW 32x64x112x112", {"", 2, 32 * 64, 1, {112, 112}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}}},
+      {"maxpool3x3s2p1 32x112x112x64",
+       {"", 2, 32, 64, {112, 112}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}}},
+      {"maxpool3x3s2p1 NCHW 32x64x112x112",
+       {"", 2, 32 * 64, 1, {112, 112}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}}},
       {"avgpool2x2s2 32x56x56x256", {"", 2, 32, 256, {56, 56}, {2, 2}, {2, 2}}},
       {"avgpool2x2s2 32x7x7x2048", {"", 2, 32, 2048, {7, 7}, {2, 2}, {2, 2}}},
-      {"avgpool3x3s1 excl 32x28x28x256", {"", 2, 32, 256, {28, 28}, {3, 3}, {1, 1}, {}, {1, 1}, {1, 1}, false}},
+      {"avgpool3x3s1 excl 32x28x28x256",
+       {"", 2, 32, 256, {28, 28}, {3, 3}, {1, 1}, {}, {1, 1}, {1, 1}, false}},
       {"global avg 32x7x7x2048", {"", 2, 32, 2048, {7, 7}, {7, 7}}},
       {"global avg NCHW 32x2048x7x7", {"", 2, 32 * 2048, 1, {7, 7}, {7, 7}}},
   };
@@ -626,7 +646,14 @@ void bench(const char* csv_path) {
     x.upload(values(t, p.x_elems(), Pattern::kNormal, 1));
     x2.upload(values(t, p.x_elems(), Pattern::kNormal, 2));
     y2.upload(values(t, p.y_elems(), Pattern::kNormal, 3));
-    struct OpRun { const char* op; PoolOp kind; const void* a; const void* b; void* out; double bytes; };
+    struct OpRun {
+      const char* op;
+      PoolOp kind;
+      const void* a;
+      const void* b;
+      void* out;
+      double bytes;
+    };
     std::vector<OpRun> ops;
     if (is_max) {
       ops = {{"fwd", PoolOp::kMaxForward, x.ptr, nullptr, y.ptr, double(xb + yb)},
@@ -674,7 +701,8 @@ void bench(const char* csv_path) {
 // sampled float -> half).
 bool f16_selftest() {
   for (uint32_t h = 0; h < 65536; ++h) {
-    const float a = hostfp::f16_to_float(static_cast<uint16_t>(h)), b = _cvtsh_ss(static_cast<unsigned short>(h));
+    const float a = hostfp::f16_to_float(static_cast<uint16_t>(h));
+    const float b = _cvtsh_ss(static_cast<unsigned short>(h));
     if (!(hostfp::float_to_bits(a) == hostfp::float_to_bits(b) || (a != a && b != b))) return false;
   }
   std::mt19937 rng(7);

@@ -2,10 +2,11 @@
 // its blocks in turn and the threads of a block one after another, in decreasing thread index,
 // with __syncthreads a no-op: exact for kernels whose threads, after a barrier, read only shared
 // memory that threads of higher index (or they themselves) wrote before it, as split_fwd_kernel
-// does; a slot not yet written holds 0x7f bytes (a huge float), so a wrong read shows. JAXDNN_EMU_THREADS=1
-// instead runs the blocks of launches with dynamic shared memory as concurrent std::threads
-// meeting at a real barrier (slow). "Device" memory is host memory from malloc, so
-// AddressSanitizer checks every kernel access and UBSan the alignment of the vector accesses.
+// does; a slot not yet written holds 0x7f bytes (a huge float), so a wrong read shows.
+// JAXDNN_EMU_THREADS=1 instead runs the blocks of launches with dynamic shared memory as
+// concurrent std::threads meeting at a real barrier (slow). "Device" memory is host memory from
+// malloc, so AddressSanitizer checks every kernel access and UBSan the alignment of the vector
+// accesses.
 // Not a CUDA: only what the pooling code uses.
 #pragma once
 
