@@ -1,0 +1,151 @@
+// jaxdnn_bias_act_bwd on the CPU (bias_act.h): one pass over t and s, the activation derivative
+// dispatched once per call (a branch-free loop per kind), the bias gradient as per-chunk partial
+// sums reduced in chunk order.
+#include "bias_act.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "float16.h"
+#include "parallel.h"
+
+namespace jaxdnn::cpu {
+namespace {
+
+constexpr int64_t kRun = 256;     // elements converted and processed together (stays in L1)
+constexpr int64_t kChunks = 32;   // fixed number of partial-sum chunks of the bias gradient
+
+// m[j] = f'(s[j]) from the saved s (output or input, as the kind needs).
+template <Activation A, typename T>
+void derivative_run(const T* s, T* m, int64_t n, T param) {
+  if constexpr (A == Activation::kIdentity) {
+    for (int64_t j = 0; j < n; ++j) m[j] = T(1);
+  } else if constexpr (A == Activation::kGelu || A == Activation::kGeluTanh ||
+                       A == Activation::kSilu) {
+    for (int64_t j = 0; j < n; ++j) m[j] = activation_grad_from_input<T>(A, s[j], param);
+  } else {
+    for (int64_t j = 0; j < n; ++j) m[j] = activation_grad_from_output<T>(A, s[j], param);
+  }
+}
+
+template <typename T>
+void derivative_block(Activation a, const T* s, T* m, int64_t n, T param) {
+  switch (a) {
+    case Activation::kIdentity: return derivative_run<Activation::kIdentity>(s, m, n, param);
+    case Activation::kRelu: return derivative_run<Activation::kRelu>(s, m, n, param);
+    case Activation::kLeakyRelu: return derivative_run<Activation::kLeakyRelu>(s, m, n, param);
+    case Activation::kClippedRelu: return derivative_run<Activation::kClippedRelu>(s, m, n, param);
+    case Activation::kElu: return derivative_run<Activation::kElu>(s, m, n, param);
+    case Activation::kSigmoid: return derivative_run<Activation::kSigmoid>(s, m, n, param);
+    case Activation::kTanh: return derivative_run<Activation::kTanh>(s, m, n, param);
+    case Activation::kGelu: return derivative_run<Activation::kGelu>(s, m, n, param);
+    case Activation::kGeluTanh: return derivative_run<Activation::kGeluTanh>(s, m, n, param);
+    case Activation::kSilu: return derivative_run<Activation::kSilu>(s, m, n, param);
+  }
+}
+
+template <typename T>
+struct Job {
+  const BiasActProblem& p;
+  const void* t;
+  const T* tb;  // widened, or null
+  const void* s;
+  void* dz;
+  T param;
+
+  // Elements [off, off + n) of one channels-last row (channels k0 + j) or one channels-first
+  // plane (channel k0 for all). Adds dz into part[k] when part is set.
+  void run(int64_t off, int64_t n, int64_t k0, bool row, T* part) const {
+    alignas(64) T tv[kRun], sv[kRun], mv[kRun];
+    for (int64_t j0 = 0; j0 < n; j0 += kRun) {
+      const int64_t nb = std::min(kRun, n - j0);
+      const int64_t kb = k0 + (row ? j0 : 0);
+      load_as<T>(p.dtype, t, off + j0, 1, nb, tv);
+      if (tb != nullptr) {
+        if (row) {
+          for (int64_t j = 0; j < nb; ++j) tv[j] += tb[kb + j];
+        } else {
+          const T b = tb[kb];
+          for (int64_t j = 0; j < nb; ++j) tv[j] += b;
+        }
+      }
+      if (p.act != Activation::kIdentity) {
+        load_as<T>(p.dtype, s, off + j0, 1, nb, sv);
+        derivative_block<T>(p.act, sv, mv, nb, param);
+        for (int64_t j = 0; j < nb; ++j) tv[j] *= mv[j];
+      }
+      store_as<T>(p.dtype, dz, off + j0, 1, nb, tv);
+      if (part != nullptr) {
+        if (row) {
+          for (int64_t j = 0; j < nb; ++j) part[kb + j] += tv[j];
+        } else {
+          T acc = T(0);
+          for (int64_t j = 0; j < nb; ++j) acc += tv[j];
+          part[kb] += acc;
+        }
+      }
+    }
+  }
+};
+
+template <typename T>
+void run_typed(const BiasActProblem& p, const void* t, const void* tb, const void* s, void* dz,
+               void* db) {
+  const int64_t K = p.K;
+  std::vector<T> tb_w;
+  if (tb != nullptr) {
+    tb_w.resize(K);
+    load_as<T>(p.dtype, tb, 0, 1, K, tb_w.data());
+  }
+  const Job<T> job{p, t, tb != nullptr ? tb_w.data() : nullptr, s, dz, static_cast<T>(p.param)};
+  // Units: channels-last rows of K elements, or channels-first planes of `inner` elements.
+  const bool rows = p.inner == 1;
+  const int64_t units = rows ? p.outer : p.outer * K;
+  const int64_t unit_len = rows ? K : p.inner;
+  if (units == 0) {
+    if (db != nullptr) {
+      std::vector<T> zero(K, T(0));
+      store_as<T>(p.dtype, db, 0, 1, K, zero.data());
+    }
+    return;
+  }
+  const int64_t nchunks = std::min(kChunks, units);
+  std::vector<T> partial(db != nullptr ? static_cast<size_t>(nchunks * K) : 0, T(0));
+  const double work = static_cast<double>(units) * unit_len;
+  auto chunk_fn = [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      T* part = db != nullptr ? partial.data() + c * K : nullptr;
+      const int64_t u0 = c * units / nchunks, u1 = (c + 1) * units / nchunks;
+      for (int64_t u = u0; u < u1; ++u)
+        job.run(u * unit_len, unit_len, rows ? 0 : u % K, rows, part);
+    }
+  };
+  if (work < 32768.0 || num_threads() <= 1) {
+    chunk_fn(0, nchunks);
+  } else {
+    parallel_for(nchunks, chunk_fn, 1);
+  }
+  if (db != nullptr) {
+    std::vector<T> sum(partial.begin(), partial.begin() + K);
+    for (int64_t c = 1; c < nchunks; ++c)
+      for (int64_t k = 0; k < K; ++k) sum[k] += partial[c * K + k];
+    store_as<T>(p.dtype, db, 0, 1, K, sum.data());
+  }
+}
+
+}  // namespace
+
+std::string run_bias_act_backward(const BiasActProblem& p, const void* t, const void* tb,
+                                  const void* s, void* dz, void* db) {
+  if (p.outer < 0 || p.K < 0 || p.inner < 0) return "negative extent";
+  if (static_cast<int>(p.act) < 0 || static_cast<int>(p.act) >= kNumActivations)
+    return "unknown activation id";
+  if (p.K == 0) return "";
+  if (p.dtype == DType::kF64)
+    run_typed<double>(p, t, tb, s, dz, db);
+  else
+    run_typed<float>(p, t, tb, s, dz, db);
+  return "";
+}
+
+}  // namespace jaxdnn::cpu

@@ -1,0 +1,96 @@
+// The epilogue of fused forward convolutions on the CPU (ConvEpilogue, conv_problem.h), applied by
+// each kernel family right where it stores a block of its output, while the block is in cache:
+//   z = acc + bias[k] + residual[i],   preact[i] = z (when stored),   y[i] = act(z)
+// in the kernel's compute type T (float or double), so the result is rounded once: by the store of
+// a T result, or by the final narrowing of a 16-bit one (conv_cpu.cc). bias is widened to T once
+// per call; residual and preact keep the result's dtype and are converted per element.
+#ifndef JAXDNN_CPU_EPILOGUE_H_
+#define JAXDNN_CPU_EPILOGUE_H_
+
+#include <algorithm>
+#include <cstdint>
+
+#include "float16.h"
+#include "jaxdnn/activation.h"
+#include "jaxdnn/conv_problem.h"
+
+namespace jaxdnn::cpu {
+
+namespace epilogue_detail {
+
+template <Activation A, typename T>
+inline void activate_run(T* z, int64_t n, T param) {
+  for (int64_t j = 0; j < n; ++j) z[j] = activate<T>(A, z[j], param);
+}
+
+// z[j] = act(z[j]) with the switch outside the loop (each case a branch-free, vectorizable loop).
+template <typename T>
+inline void activate_block(Activation a, T* z, int64_t n, T param) {
+  switch (a) {
+    case Activation::kIdentity: return;
+    case Activation::kRelu: return activate_run<Activation::kRelu>(z, n, param);
+    case Activation::kLeakyRelu: return activate_run<Activation::kLeakyRelu>(z, n, param);
+    case Activation::kClippedRelu: return activate_run<Activation::kClippedRelu>(z, n, param);
+    case Activation::kElu: return activate_run<Activation::kElu>(z, n, param);
+    case Activation::kSigmoid: return activate_run<Activation::kSigmoid>(z, n, param);
+    case Activation::kTanh: return activate_run<Activation::kTanh>(z, n, param);
+    case Activation::kGelu: return activate_run<Activation::kGelu>(z, n, param);
+    case Activation::kGeluTanh: return activate_run<Activation::kGeluTanh>(z, n, param);
+    case Activation::kSilu: return activate_run<Activation::kSilu>(z, n, param);
+  }
+}
+
+}  // namespace epilogue_detail
+
+template <typename T>
+struct CpuEpilogue {
+  const T* y0 = nullptr;           // the output buffer the kernel writes (compute type)
+  const T* bias = nullptr;         // [K] in T, or null
+  const void* residual = nullptr;  // output-shaped, dtype io_dtype, or null
+  void* preact = nullptr;          // output-shaped, dtype io_dtype, or null
+  DType io_dtype = DType::kF32;    // the result's dtype (residual, preact)
+  Activation act = Activation::kIdentity;
+  T param = T(0);
+
+  // Applies the epilogue to the n output elements y[j * stride], j < n, of output channels
+  // k0 + j * kstep, which the kernel has just stored (plain convolution sums). y points into the
+  // buffer starting at y0, and residual / preact share its element offsets.
+  void apply(T* y, int64_t n, int64_t stride, int64_t k0, int64_t kstep) const {
+    constexpr int64_t kB = 64;
+    alignas(64) T z[kB];
+    alignas(64) T r[kB];
+    for (int64_t j0 = 0; j0 < n; j0 += kB) {
+      const int64_t nb = std::min(kB, n - j0);
+      T* yb = y + j0 * stride;
+      const int64_t kb = k0 + j0 * kstep;
+      const int64_t off = yb - y0;
+      if (stride == 1) {
+        for (int64_t j = 0; j < nb; ++j) z[j] = yb[j];
+      } else {
+        for (int64_t j = 0; j < nb; ++j) z[j] = yb[j * stride];
+      }
+      if (bias != nullptr) {
+        if (kstep == 1) {
+          for (int64_t j = 0; j < nb; ++j) z[j] += bias[kb + j];
+        } else {
+          for (int64_t j = 0; j < nb; ++j) z[j] += bias[kb + j * kstep];
+        }
+      }
+      if (residual != nullptr) {
+        load_as<T>(io_dtype, residual, off, stride, nb, r);
+        for (int64_t j = 0; j < nb; ++j) z[j] += r[j];
+      }
+      if (preact != nullptr) store_as<T>(io_dtype, preact, off, stride, nb, z);
+      epilogue_detail::activate_block<T>(act, z, nb, param);
+      if (stride == 1) {
+        for (int64_t j = 0; j < nb; ++j) yb[j] = z[j];
+      } else {
+        for (int64_t j = 0; j < nb; ++j) yb[j * stride] = z[j];
+      }
+    }
+  }
+};
+
+}  // namespace jaxdnn::cpu
+
+#endif  // JAXDNN_CPU_EPILOGUE_H_
