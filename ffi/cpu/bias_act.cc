@@ -53,37 +53,48 @@ struct Job {
   void* dz;
   T param;
 
-  // Elements [off, off + n) of one channels-last row (channels k0 + j) or one channels-first
-  // plane (channel k0 for all). Adds dz into part[k] when part is set.
-  void run(int64_t off, int64_t n, int64_t k0, bool row, T* part) const {
+  // Applies fn(j, k, len) to the segments of [0, n) that hold consecutive channels k, k + 1, ...
+  // when element 0 has channel k0 and channels wrap at K (channels-last rows).
+  template <class Fn>
+  static void channel_segments(int64_t n, int64_t k0, int64_t K, const Fn& fn) {
+    for (int64_t j = 0, k = k0; j < n; k = 0) {
+      const int64_t len = std::min(K - k, n - j);
+      fn(j, k, len);
+      j += len;
+    }
+  }
+
+  // Elements [off, off + n), n <= kRun. Channels-last (`rows`): element j has channel
+  // (k0 + j) mod K; channels-first: all have channel k0. Adds dz into part[k] when part is set.
+  void block(int64_t off, int64_t n, int64_t k0, bool rows, T* part) const {
     alignas(64) T tv[kRun], sv[kRun], mv[kRun];
-    for (int64_t j0 = 0; j0 < n; j0 += kRun) {
-      const int64_t nb = std::min(kRun, n - j0);
-      const int64_t kb = k0 + (row ? j0 : 0);
-      load_as<T>(p.dtype, t, off + j0, 1, nb, tv);
-      if (tb != nullptr) {
-        if (row) {
-          for (int64_t j = 0; j < nb; ++j) tv[j] += tb[kb + j];
-        } else {
-          const T b = tb[kb];
-          for (int64_t j = 0; j < nb; ++j) tv[j] += b;
-        }
+    const int64_t K = p.K;
+    load_as<T>(p.dtype, t, off, 1, n, tv);
+    if (tb != nullptr) {
+      if (rows) {
+        channel_segments(n, k0, K, [&](int64_t j, int64_t k, int64_t len) {
+          for (int64_t i = 0; i < len; ++i) tv[j + i] += tb[k + i];
+        });
+      } else {
+        const T b = tb[k0];
+        for (int64_t j = 0; j < n; ++j) tv[j] += b;
       }
-      if (p.act != Activation::kIdentity) {
-        load_as<T>(p.dtype, s, off + j0, 1, nb, sv);
-        derivative_block<T>(p.act, sv, mv, nb, param);
-        for (int64_t j = 0; j < nb; ++j) tv[j] *= mv[j];
-      }
-      store_as<T>(p.dtype, dz, off + j0, 1, nb, tv);
-      if (part != nullptr) {
-        if (row) {
-          for (int64_t j = 0; j < nb; ++j) part[kb + j] += tv[j];
-        } else {
-          T acc = T(0);
-          for (int64_t j = 0; j < nb; ++j) acc += tv[j];
-          part[kb] += acc;
-        }
-      }
+    }
+    if (p.act != Activation::kIdentity) {
+      load_as<T>(p.dtype, s, off, 1, n, sv);
+      derivative_block<T>(p.act, sv, mv, n, param);
+      for (int64_t j = 0; j < n; ++j) tv[j] *= mv[j];
+    }
+    store_as<T>(p.dtype, dz, off, 1, n, tv);
+    if (part == nullptr) return;
+    if (rows) {
+      channel_segments(n, k0, K, [&](int64_t j, int64_t k, int64_t len) {
+        for (int64_t i = 0; i < len; ++i) part[k + i] += tv[j + i];
+      });
+    } else {
+      T acc = T(0);
+      for (int64_t j = 0; j < n; ++j) acc += tv[j];
+      part[k0] += acc;
     }
   }
 };
@@ -98,11 +109,11 @@ void run_typed(const BiasActProblem& p, const void* t, const void* tb, const voi
     load_as<T>(p.dtype, tb, 0, 1, K, tb_w.data());
   }
   const Job<T> job{p, t, tb != nullptr ? tb_w.data() : nullptr, s, dz, static_cast<T>(p.param)};
-  // Units: channels-last rows of K elements, or channels-first planes of `inner` elements.
+  // Units: channels-last rows of K elements (processed as one contiguous span per chunk), or
+  // channels-first planes of `inner` elements.
   const bool rows = p.inner == 1;
   const int64_t units = rows ? p.outer : p.outer * K;
-  const int64_t unit_len = rows ? K : p.inner;
-  if (units == 0) {
+  if (units == 0 || p.inner == 0) {  // no elements: db = 0
     if (db != nullptr) {
       std::vector<T> zero(K, T(0));
       store_as<T>(p.dtype, db, 0, 1, K, zero.data());
@@ -111,13 +122,19 @@ void run_typed(const BiasActProblem& p, const void* t, const void* tb, const voi
   }
   const int64_t nchunks = std::min(kChunks, units);
   std::vector<T> partial(db != nullptr ? static_cast<size_t>(nchunks * K) : 0, T(0));
-  const double work = static_cast<double>(units) * unit_len;
+  const double work = static_cast<double>(p.outer) * K * p.inner;
   auto chunk_fn = [&](int64_t b, int64_t e) {
     for (int64_t c = b; c < e; ++c) {
       T* part = db != nullptr ? partial.data() + c * K : nullptr;
       const int64_t u0 = c * units / nchunks, u1 = (c + 1) * units / nchunks;
+      if (rows) {
+        for (int64_t off = u0 * K; off < u1 * K; off += kRun)
+          job.block(off, std::min(kRun, u1 * K - off), off % K, true, part);
+        continue;
+      }
       for (int64_t u = u0; u < u1; ++u)
-        job.run(u * unit_len, unit_len, rows ? 0 : u % K, rows, part);
+        for (int64_t off = u * p.inner; off < (u + 1) * p.inner; off += kRun)
+          job.block(off, std::min(kRun, (u + 1) * p.inner - off), u % K, false, part);
     }
   };
   if (work < 32768.0 || num_threads() <= 1) {
