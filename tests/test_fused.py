@@ -308,17 +308,23 @@ def test_bias_act_backward_is_its_own_transpose():
 
 @pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=str)
 def test_bias_act_backward_kernel_dtypes(dtype):
-  shape, axis = (3, 5, 7, 2), 1
-  t, s = rand(shape, dtype, seed=1), rand(shape, dtype, seed=2)
-  tb = rand((5,), dtype, seed=3)
-  for act in ACTS:
-    p = PARAMS.get(act, 0.0)
-    dz, db = fused_prims.bias_act_backward(t, tb, s, activation=act, activation_param=p,
-                                           channel_axis=axis)
-    assert dz.dtype == dtype and db.dtype == dtype
-    want = (f64(t) + f64(tb).reshape(1, 5, 1, 1)) * fused_prims.derivative(act, f64(s), p)
-    assert_close(dz, want, RTOL[dtype], f"{act} dz")
-    assert_close(db, jnp.sum(want, axis=(0, 2, 3)), 4 * RTOL[dtype], f"{act} db")
+  """The kernel on channels-first planes, and channels-last rows shorter and longer than its
+  256-element blocks, for every activation."""
+  for shape, axis in (((3, 5, 7, 2), 1), ((50, 3), 1), ((7, 300), 1)):
+    t, s = rand(shape, dtype, seed=1), rand(shape, dtype, seed=2)
+    k = shape[axis]
+    tb = rand((k,), dtype, seed=3)
+    bshape = [1] * len(shape)
+    bshape[axis] = k
+    others = tuple(i for i in range(len(shape)) if i != axis)
+    for act in ACTS:
+      p = PARAMS.get(act, 0.0)
+      dz, db = fused_prims.bias_act_backward(t, tb, s, activation=act, activation_param=p,
+                                             channel_axis=axis)
+      assert dz.dtype == dtype and db.dtype == dtype
+      want = (f64(t) + f64(tb).reshape(bshape)) * fused_prims.derivative(act, f64(s), p)
+      assert_close(dz, want, RTOL[dtype], f"{shape} {act} dz")
+      assert_close(db, jnp.sum(want, axis=others), 4 * RTOL[dtype], f"{shape} {act} db")
 
 
 # ---------------------------------------------------------------------------------------------
