@@ -193,7 +193,8 @@ std::string run_conv(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, D
                      const void* a, const void* b, void* out, void* workspace,
                      size_t workspace_size, const ConvEpilogue& epi) {
   if (std::string why = can_implement(op, algo, p); !why.empty()) return why;
-  if (!epi.empty() && op != ConvOp::kForward) return "only the forward convolution takes an epilogue";
+  if (!epi.empty() && op != ConvOp::kForward)
+    return "only the forward convolution takes an epilogue";
   const WorkspacePlan plan = plan_workspace(op, algo, p, in, out_dtype, !epi.empty());
   if (workspace_size < plan.total()) return "workspace buffer is too small";
   // Align the workspace start: XLA's buffers are aligned, but do not rely on more than 16 bytes.

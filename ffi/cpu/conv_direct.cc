@@ -1061,7 +1061,8 @@ void direct_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
       return orig(ft, k % Cg, gi * Kg + c);
     });
   }
-  forward_engine<T>(g, pl, io.a, wp, io.out, ws_slots, op == ConvOp::kForward ? io.epi : nullptr);
+  forward_engine<T>(g, pl, io.a, wp, io.out, ws_slots,
+                    op == ConvOp::kForward ? io.epi : nullptr);
 }
 
 size_t direct_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes) {

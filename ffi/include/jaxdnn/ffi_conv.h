@@ -38,6 +38,7 @@
 #define JAXDNN_FFI_CONV_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -240,9 +241,10 @@ inline bool same_dims(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b
 // `dec` and `epi` (null pointers for absent operands).
 inline ffi::Error decode_conv_fused_call(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
                                          const ffi::AnyBuffer& bias,
-                                         const ffi::AnyBuffer& residual, const ffi::AnyBuffer& out,
-                                         const ffi::AnyBuffer& preact, const ffi::Dictionary& attrs,
-                                         DecodedConv* dec, ConvEpilogue* epi) {
+                                         const ffi::AnyBuffer& residual,
+                                         const ffi::AnyBuffer& out, const ffi::AnyBuffer& preact,
+                                         const ffi::Dictionary& attrs, DecodedConv* dec,
+                                         ConvEpilogue* epi) {
   using internal::invalid;
   if (auto e = decode_conv_call(ConvOp::kForward, x, w, out, attrs, dec); !e.success()) return e;
   int32_t act = 0;
@@ -304,14 +306,13 @@ inline ffi::Error decode_bias_act_call(const ffi::AnyBuffer& t, const ffi::AnyBu
   auto invalid = [](const std::string& msg) {
     return ffi::Error::InvalidArgument("jaxdnn bias/activation backward: " + msg);
   };
-  int32_t act = 0;
-  if (attrs.get<int32_t>("activation").has_error() ||
-      attrs.get<double>("activation_param").has_error())
+  auto act = attrs.get<int32_t>("activation");
+  auto param = attrs.get<double>("activation_param");
+  if (act.has_error() || param.has_error())
     return invalid("missing or mistyped attribute 'activation' or 'activation_param'");
-  act = *attrs.get<int32_t>("activation");
-  if (act < 0 || act >= kNumActivations) return invalid("unknown activation id");
-  dec->activation = static_cast<Activation>(act);
-  dec->param = *attrs.get<double>("activation_param");
+  if (*act < 0 || *act >= kNumActivations) return invalid("unknown activation id");
+  dec->activation = static_cast<Activation>(*act);
+  dec->param = *param;
   if (t.dimensions().size() != 3) return invalid("t must have rank 3 (outer, K, inner)");
   if (!internal::same_dims(s.dimensions(), t.dimensions()) ||
       !internal::same_dims(dz.dimensions(), t.dimensions()))
@@ -322,8 +323,8 @@ inline ffi::Error decode_bias_act_call(const ffi::AnyBuffer& t, const ffi::AnyBu
   if (!to_dtype(t.element_type(), &dec->dtype))
     return invalid("operands must be float32, float64, bfloat16 or float16");
   for (const ffi::AnyBuffer* b : {&tb, &s, &dz, &db})
-    if (b->element_type() != t.element_type()) return invalid("operands and results must share "
-                                                             "one dtype");
+    if (b->element_type() != t.element_type())
+      return invalid("operands and results must share one dtype");
   auto vector_k = [&](const ffi::AnyBuffer& b) {
     return b.dimensions().size() == 1 && b.dimensions()[0] == dec->K;
   };
