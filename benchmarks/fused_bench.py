@@ -4,6 +4,8 @@ backward of the fused op against the unfused jaxdnn sequence (conv, then jnp bia
 Per layer of layers-cpu.txt (NHWC, float32, the family `auto` picks for the fused op, or
 --algo): K independent applications (distinct random inputs) inside one jitted function that
 returns every output; median over repeats of the call time, divided by K (jaxdnn.bench.time_call).
+The variants are measured interleaved, --rounds times, and each keeps its best median: on a
+shared machine a burst of load then hits every variant alike instead of one.
 
   plain       conv(x, w)
   fused       conv(x, w, bias=b, activation="relu")                      one kernel pass
@@ -67,7 +69,8 @@ def main():
   parser.add_argument("--algo", default="auto")
   parser.add_argument("--k", type=int, default=2)
   parser.add_argument("--repeats", type=int, default=10)
-  parser.add_argument("--budget", type=float, default=8.0, help="seconds per measurement")
+  parser.add_argument("--budget", type=float, default=4.0, help="seconds per measurement")
+  parser.add_argument("--rounds", type=int, default=3)
   args = parser.parse_args()
   keep = set(args.only.split(","))
   layers = [L for L in read_layers(args.layers) if L["name"] in keep]
@@ -75,7 +78,8 @@ def main():
   rng = np.random.default_rng(0)
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} host cores, "
         f"jaxdnn threads {jaxdnn._src.ffi.load_cpu_extension().num_threads()}, float32 NHWC, "
-        f"K={args.k}, median of up to {args.repeats}")
+        f"K={args.k}, best of {args.rounds} interleaved rounds of a median of up to "
+        f"{args.repeats}, load average {os.getloadavg()[0]:.1f}")
   print("| layer | family | plain ms | fused ms | fused/plain | fused+res ms | fused+res/plain "
         "| unfused ms | unfused+res ms | f+b fused ms | f+b unfused ms | unfused/fused | "
         "f+b+res fused ms | f+b+res unfused ms | unfused/fused |")
@@ -95,14 +99,16 @@ def main():
     xs, ws = mk(x_shape), mk(w_shape, 1 / np.sqrt(fan_in))
     bs, rs, cts = mk((L["K"],)), mk(y_shape), mk(y_shape)
     fns = _fns(L, algo)
-    t = {}
+    calls = {}
     for name in ("plain", "fused", "fused_res", "unfused", "unfused_res"):
-      t[name] = time_call(_forward(fns[name]), (xs, ws, bs, rs), args.repeats, args.budget) / k
+      calls[name] = (_forward(fns[name]), (xs, ws, bs, rs))
     for name in ("fused", "unfused"):
-      t["fb_" + name] = time_call(_fwd_bwd(fns[name], False), (xs, ws, bs, rs, cts),
-                                  args.repeats, args.budget) / k
-      t["fbr_" + name] = time_call(_fwd_bwd(fns[name + "_res"], True), (xs, ws, bs, rs, cts),
-                                   args.repeats, args.budget) / k
+      calls["fb_" + name] = (_fwd_bwd(fns[name], False), (xs, ws, bs, rs, cts))
+      calls["fbr_" + name] = (_fwd_bwd(fns[name + "_res"], True), (xs, ws, bs, rs, cts))
+    t = {}
+    for _ in range(args.rounds):
+      for name, (fn, fargs) in calls.items():
+        t[name] = min(t.get(name, np.inf), time_call(fn, fargs, args.repeats, args.budget) / k)
     ms = {n: 1e3 * v for n, v in t.items()}
     print(f"| {L['name']} | {algo.name} | {ms['plain']:.3f} | {ms['fused']:.3f} | "
           f"{t['fused'] / t['plain']:.2f}x | {ms['fused_res']:.3f} | "

@@ -143,6 +143,7 @@ void run_typed(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType o
     cpu_epi.io_dtype = out_dtype;
     cpu_epi.act = epi.activation;
     cpu_epi.param = static_cast<T>(epi.param);
+    cpu_epi.K = p.K;
   }
   cursor += plan.bias_bytes;
   ConvOperands<T> io{a_t, b_t, out_t, cursor, epi.empty() ? nullptr : &cpu_epi};

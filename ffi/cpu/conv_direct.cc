@@ -595,7 +595,8 @@ void pack_filter(const Geo& g, const Plan& pl, T* wp, WV&& wval) {
 }
 
 // `epi` (forward only, else null): the fused epilogue, applied to each output row segment (one
-// (n, z, p) row, q-tile and unit) right after the micro-kernels have stored it.
+// (n, z, p) row and q-tile: per unit and channel channels-first, all units at once
+// channels-last) right after the micro-kernels have stored it.
 template <typename T>
 void forward_engine(const Geo& g, const Plan& pl, const T* x, const T* wp, T* y, void* ws_slots,
                     const CpuEpilogue<T>* epi) {
@@ -666,8 +667,6 @@ void forward_engine(const Geo& g, const Plan& pl, const T* x, const T* wp, T* y,
             for (int64_t q = 0; q < nq; ++q) yd[q] = ob[q * out_q + k];
             if (epi) epi->apply(yd, nq, 1, u * g.Kg + k, 0);
           }
-        } else if (epi) {
-          for (int64_t q = 0; q < nq; ++q) epi->apply(ob + q * out_q, g.Kg, 1, u * g.Kg, 1);
         }
       } else if (pl.mode == Mode::kExp) {
         const int64_t xq = g.str[2] * g.Cg * VL, xs = g.dil[2] * g.Cg * VL;
@@ -698,8 +697,6 @@ void forward_engine(const Geo& g, const Plan& pl, const T* x, const T* wp, T* y,
             for (int64_t qq = 0; qq < nq; ++qq) yd[qq] = ob[qq * VL + l];
             if (epi) epi->apply(yd, nq, 1, k0 + l, 0);
           }
-        } else if (epi) {
-          for (int64_t qq = 0; qq < nq; ++qq) epi->apply(ob + qq * out_q, nl, 1, k0, 1);
         }
       } else {
         const int64_t xq = g.str[2] * pl.Cgp, xs = g.dil[2] * pl.Cgp;
@@ -733,15 +730,14 @@ void forward_engine(const Geo& g, const Plan& pl, const T* x, const T* wp, T* y,
           });
           k += kd;
         }
-        if (epi) {
-          if (nhwc) {
-            for (int64_t q = 0; q < nq; ++q) epi->apply(ob + q * out_q, g.Kg, 1, u * g.Kg, 1);
-          } else {
-            for (int64_t k = 0; k < g.Kg; ++k) epi->apply(ob + k * out_k, nq, 1, u * g.Kg + k, 0);
-          }
+        if (epi && !nhwc) {
+          for (int64_t k = 0; k < g.Kg; ++k) epi->apply(ob + k * out_k, nq, 1, u * g.Kg + k, 0);
         }
       }
       }
+      // Channels-last: the row segment (n, z, p, q0 .. q0 + nq) is now complete in every unit,
+      // and contiguous.
+      if (epi && nhwc) epi->apply_channels_last(y + (n * opix + rowpix) * g.K, nq * g.K, 0);
     }
   });
 }

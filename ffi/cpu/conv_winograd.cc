@@ -265,8 +265,9 @@ void input_transform(const Pass& ps, const T* in, int64_t t0, int64_t nt, int64_
 
 // Output transform of tiles [t0, t0 + nt): Y = AT Mo AT^T from Mo[xi][t - t0][k] (point stride
 // TB * Co), cropped to the P x Q output.
-// `epi` (forward only, else null): the fused epilogue, applied to each stored block of kCB
-// channels of one output pixel.
+// `epi` (forward only, else null): the fused epilogue, applied to each finished tile: per row
+// of the tile (its pixels are contiguous) channels-last, per stored block of kCB channels of one
+// pixel channels-first.
 template <typename T, int M>
 void output_transform(const Pass& ps, T* out, int64_t t0, int64_t nt, int64_t TB, const T* Mo,
                       const CpuEpilogue<T>* epi) {
@@ -288,9 +289,13 @@ void output_transform(const Pass& ps, T* out, int64_t t0, int64_t nt, int64_t TB
           for (int64_t j = 0; j < mw; ++j) {
             T* dst = base + (ti * M + i) * ps.os.sp[1] + (tj * M + j) * ps.os.sp[2] + k0 * ps.os.c;
             store_block(dst, y + (i * M + j) * kCB, ps.os.c, kb);
-            if (epi) epi->apply(dst, kb, ps.os.c, k0, 1);
+            if (epi && ps.os.c != 1) epi->apply(dst, kb, ps.os.c, k0, 1);
           }
       }
+      if (epi && ps.os.c == 1)
+        for (int64_t i = 0; i < mh; ++i)
+          epi->apply_channels_last(base + (ti * M + i) * ps.os.sp[1] + tj * M * ps.os.sp[2],
+                                   mw * ps.Co, 0);
     }
   }, 4);
 }

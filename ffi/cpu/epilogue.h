@@ -51,19 +51,17 @@ struct CpuEpilogue {
   DType io_dtype = DType::kF32;    // the result's dtype (residual, preact)
   Activation act = Activation::kIdentity;
   T param = T(0);
+  int64_t K = 0;                   // output channels
 
   // Applies the epilogue to the n output elements y[j * stride], j < n, of output channels
   // k0 + j * kstep, which the kernel has just stored (plain convolution sums). y points into the
   // buffer starting at y0, and residual / preact share its element offsets.
   void apply(T* y, int64_t n, int64_t stride, int64_t k0, int64_t kstep) const {
-    constexpr int64_t kB = 64;
-    alignas(64) T z[kB];
-    alignas(64) T r[kB];
-    for (int64_t j0 = 0; j0 < n; j0 += kB) {
-      const int64_t nb = std::min(kB, n - j0);
+    alignas(64) T z[kBlock];
+    for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+      const int64_t nb = std::min(kBlock, n - j0);
       T* yb = y + j0 * stride;
       const int64_t kb = k0 + j0 * kstep;
-      const int64_t off = yb - y0;
       if (stride == 1) {
         for (int64_t j = 0; j < nb; ++j) z[j] = yb[j];
       } else {
@@ -76,18 +74,50 @@ struct CpuEpilogue {
           for (int64_t j = 0; j < nb; ++j) z[j] += bias[kb + j * kstep];
         }
       }
-      if (residual != nullptr) {
-        load_as<T>(io_dtype, residual, off, stride, nb, r);
-        for (int64_t j = 0; j < nb; ++j) z[j] += r[j];
-      }
-      if (preact != nullptr) store_as<T>(io_dtype, preact, off, stride, nb, z);
-      epilogue_detail::activate_block<T>(act, z, nb, param);
+      finish(z, nb, yb - y0, stride);
       if (stride == 1) {
         for (int64_t j = 0; j < nb; ++j) yb[j] = z[j];
       } else {
         for (int64_t j = 0; j < nb; ++j) yb[j * stride] = z[j];
       }
     }
+  }
+
+  // The same for n contiguous elements of a channels-last output whose first has channel k0
+  // (channels wrap at K): whole output pixels, or a run of them, in one call.
+  void apply_channels_last(T* y, int64_t n, int64_t k0) const {
+    alignas(64) T z[kBlock];
+    int64_t k = k0;
+    for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+      const int64_t nb = std::min(kBlock, n - j0);
+      T* yb = y + j0;
+      for (int64_t j = 0; j < nb; ++j) z[j] = yb[j];
+      if (bias != nullptr) {
+        for (int64_t j = 0; j < nb;) {
+          const int64_t len = std::min(K - k, nb - j);
+          for (int64_t i = 0; i < len; ++i) z[j + i] += bias[k + i];
+          j += len;
+          k += len;
+          if (k == K) k = 0;
+        }
+      }
+      finish(z, nb, yb - y0, 1);
+      for (int64_t j = 0; j < nb; ++j) yb[j] = z[j];
+    }
+  }
+
+ private:
+  static constexpr int64_t kBlock = 256;
+
+  // z (the sums plus bias) += residual; preact = z; z = act(z); at element offset off.
+  void finish(T* z, int64_t nb, int64_t off, int64_t stride) const {
+    if (residual != nullptr) {
+      alignas(64) T r[kBlock];
+      load_as<T>(io_dtype, residual, off, stride, nb, r);
+      for (int64_t j = 0; j < nb; ++j) z[j] += r[j];
+    }
+    if (preact != nullptr) store_as<T>(io_dtype, preact, off, stride, nb, z);
+    epilogue_detail::activate_block<T>(act, z, nb, param);
   }
 };
 

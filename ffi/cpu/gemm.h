@@ -197,8 +197,9 @@ void gemm_driver(int64_t M, int64_t N, int64_t K, T alpha, T beta, const PackA& 
 
 // gemm_driver epilogue of a convolution's forward product whose C(i, j) is the output element
 // crow(i)[j * csc] of channel k0 + j: applies the fused epilogue (epilogue.h) to each finished
-// block. With strided columns (channels-first output) it walks each channel along runs of rows
-// that are contiguous in memory (the pixels of one image).
+// block, along runs of rows that are contiguous in memory. Channels-last (csc == 1): a block
+// spanning all K channels makes consecutive pixels one contiguous span, else each row is one.
+// Channels-first: each channel along the block's pixels of one image.
 template <typename T, class CRow>
 struct ConvGemmEpilogue {
   static constexpr bool kActive = true;
@@ -206,15 +207,18 @@ struct ConvGemmEpilogue {
   const CRow* crow;
   int64_t csc, k0;
   void operator()(int64_t i0, int64_t mc, int64_t j0, int64_t nc) const {
-    if (csc == 1) {
-      for (int64_t i = 0; i < mc; ++i) epi->apply((*crow)(i0 + i) + j0, nc, 1, k0 + j0, 1);
-      return;
-    }
+    const bool full_rows = csc == 1 && k0 + j0 == 0 && nc == epi->K;
+    const int64_t step = csc == 1 ? nc : 1;
     for (int64_t a = 0; a < mc;) {
-      T* base = (*crow)(i0 + a);
+      T* base = (*crow)(i0 + a) + j0 * csc;
       int64_t b = a + 1;
-      while (b < mc && (*crow)(i0 + b) == base + (b - a)) ++b;
-      for (int64_t j = 0; j < nc; ++j) epi->apply(base + (j0 + j) * csc, b - a, 1, k0 + j0 + j, 0);
+      if (full_rows || csc != 1)
+        while (b < mc && (*crow)(i0 + b) + j0 * csc == base + (b - a) * step) ++b;
+      if (csc == 1) {
+        epi->apply_channels_last(base, (b - a) * nc, k0 + j0);
+      } else {
+        for (int64_t j = 0; j < nc; ++j) epi->apply(base + j * csc, b - a, 1, k0 + j0 + j, 0);
+      }
       a = b;
     }
   }
