@@ -3,7 +3,9 @@
 //   z = acc + bias[k] + residual[i],   preact[i] = z (when stored),   y[i] = act(z)
 // in the kernel's compute type T (float or double), so the result is rounded once: by the store of
 // a T result, or by the final narrowing of a 16-bit one (conv_cpu.cc). bias is widened to T once
-// per call; residual and preact keep the result's dtype and are converted per element.
+// per call; residual and preact keep the result's dtype and are converted per element. Contiguous
+// runs with a T residual and no preact take one fused pass per element; the rest go through
+// blocks of 256 elements (gather, add, convert, store preact, activate, scatter).
 #ifndef JAXDNN_CPU_EPILOGUE_H_
 #define JAXDNN_CPU_EPILOGUE_H_
 
@@ -40,6 +42,61 @@ inline void activate_block(Activation a, T* z, int64_t n, T param) {
   }
 }
 
+enum class BiasMode { kNone, kVector, kScalar };
+
+// y[i] = act(y[i] + bias + r[i]) in one pass (the fast path: unit stride, residual in T, no
+// preact). kVector: bias b[i]; kScalar: bias b[0] for all.
+template <Activation A, BiasMode kBias, bool kRes, typename T>
+inline void fused_run(T* __restrict y, const T* __restrict b, const T* __restrict r, int64_t n,
+                      T param) {
+  const T b0 = kBias == BiasMode::kScalar ? b[0] : T(0);
+  for (int64_t i = 0; i < n; ++i) {
+    T z = y[i];
+    if constexpr (kBias == BiasMode::kVector) z += b[i];
+    if constexpr (kBias == BiasMode::kScalar) z += b0;
+    if constexpr (kRes) z += r[i];
+    y[i] = activate<T>(A, z, param);
+  }
+}
+
+template <Activation A, typename T>
+inline void fused_run_any(T* y, const T* b, BiasMode bm, const T* r, int64_t n, T param) {
+  if (r != nullptr) {
+    switch (bm) {
+      case BiasMode::kNone: return fused_run<A, BiasMode::kNone, true>(y, b, r, n, param);
+      case BiasMode::kVector: return fused_run<A, BiasMode::kVector, true>(y, b, r, n, param);
+      case BiasMode::kScalar: return fused_run<A, BiasMode::kScalar, true>(y, b, r, n, param);
+    }
+  }
+  switch (bm) {
+    case BiasMode::kNone: return fused_run<A, BiasMode::kNone, false>(y, b, r, n, param);
+    case BiasMode::kVector: return fused_run<A, BiasMode::kVector, false>(y, b, r, n, param);
+    case BiasMode::kScalar: return fused_run<A, BiasMode::kScalar, false>(y, b, r, n, param);
+  }
+}
+
+template <typename T>
+inline void fused_block(Activation a, T* y, const T* b, BiasMode bm, const T* r, int64_t n,
+                        T param) {
+  switch (a) {
+    case Activation::kIdentity: return fused_run_any<Activation::kIdentity>(y, b, bm, r, n, param);
+    case Activation::kRelu: return fused_run_any<Activation::kRelu>(y, b, bm, r, n, param);
+    case Activation::kLeakyRelu: return fused_run_any<Activation::kLeakyRelu>(y, b, bm, r, n, param);
+    case Activation::kClippedRelu:
+      return fused_run_any<Activation::kClippedRelu>(y, b, bm, r, n, param);
+    case Activation::kElu: return fused_run_any<Activation::kElu>(y, b, bm, r, n, param);
+    case Activation::kSigmoid: return fused_run_any<Activation::kSigmoid>(y, b, bm, r, n, param);
+    case Activation::kTanh: return fused_run_any<Activation::kTanh>(y, b, bm, r, n, param);
+    case Activation::kGelu: return fused_run_any<Activation::kGelu>(y, b, bm, r, n, param);
+    case Activation::kGeluTanh: return fused_run_any<Activation::kGeluTanh>(y, b, bm, r, n, param);
+    case Activation::kSilu: return fused_run_any<Activation::kSilu>(y, b, bm, r, n, param);
+  }
+}
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::kF32; }
+template <> constexpr DType dtype_of<double>() { return DType::kF64; }
+
 }  // namespace epilogue_detail
 
 template <typename T>
@@ -57,6 +114,15 @@ struct CpuEpilogue {
   // k0 + j * kstep, which the kernel has just stored (plain convolution sums). y points into the
   // buffer starting at y0, and residual / preact share its element offsets.
   void apply(T* y, int64_t n, int64_t stride, int64_t k0, int64_t kstep) const {
+    using epilogue_detail::BiasMode;
+    if (stride == 1 && (kstep == 0 || kstep == 1) && fast()) {
+      const BiasMode bm = bias == nullptr ? BiasMode::kNone
+                          : kstep == 1    ? BiasMode::kVector
+                                          : BiasMode::kScalar;
+      epilogue_detail::fused_block<T>(act, y, bias == nullptr ? nullptr : bias + k0, bm,
+                                      residual_at(y), n, param);
+      return;
+    }
     alignas(64) T z[kBlock];
     for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
       const int64_t nb = std::min(kBlock, n - j0);
@@ -86,6 +152,18 @@ struct CpuEpilogue {
   // The same for n contiguous elements of a channels-last output whose first has channel k0
   // (channels wrap at K): whole output pixels, or a run of them, in one call.
   void apply_channels_last(T* y, int64_t n, int64_t k0) const {
+    if (fast()) {
+      using epilogue_detail::BiasMode;
+      const T* r = residual_at(y);
+      for (int64_t j = 0, k = k0; j < n; k = 0) {
+        const int64_t len = std::min(K - k, n - j);
+        epilogue_detail::fused_block<T>(act, y + j, bias == nullptr ? nullptr : bias + k,
+                                        bias == nullptr ? BiasMode::kNone : BiasMode::kVector,
+                                        r == nullptr ? nullptr : r + j, len, param);
+        j += len;
+      }
+      return;
+    }
     alignas(64) T z[kBlock];
     int64_t k = k0;
     for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
@@ -108,6 +186,16 @@ struct CpuEpilogue {
 
  private:
   static constexpr int64_t kBlock = 256;
+
+  // One pass per element (epilogue_detail::fused_run) when nothing needs converting or storing
+  // besides the result.
+  bool fast() const {
+    return preact == nullptr &&
+           (residual == nullptr || io_dtype == epilogue_detail::dtype_of<T>());
+  }
+  const T* residual_at(const T* y) const {
+    return residual == nullptr ? nullptr : static_cast<const T*>(residual) + (y - y0);
+  }
 
   // z (the sums plus bias) += residual; preact = z; z = act(z); at element offset off.
   void finish(T* z, int64_t nb, int64_t off, int64_t stride) const {

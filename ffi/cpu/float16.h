@@ -66,57 +66,72 @@ inline uint16_t float_to_f16(float f) {
   return sign | static_cast<uint16_t>(((r >> 13) - (112u << 10)) & 0xffffu);
 }
 
+namespace float16_detail {
+
+// dst[j] = cvt(s[j * stride]) with a separate unit-stride loop, which the compiler vectorizes.
+template <typename S, typename D, class Cvt>
+inline void gather(const S* s, int64_t stride, int64_t n, D* dst, const Cvt& cvt) {
+  if (stride == 1) {
+    for (int64_t j = 0; j < n; ++j) dst[j] = cvt(s[j]);
+  } else {
+    for (int64_t j = 0; j < n; ++j) dst[j] = cvt(s[j * stride]);
+  }
+}
+
+template <typename S, typename D, class Cvt>
+inline void scatter(const S* src, int64_t n, D* d, int64_t stride, const Cvt& cvt) {
+  if (stride == 1) {
+    for (int64_t j = 0; j < n; ++j) d[j] = cvt(src[j]);
+  } else {
+    for (int64_t j = 0; j < n; ++j) d[j * stride] = cvt(src[j]);
+  }
+}
+
+}  // namespace float16_detail
+
 // dst[j] = element (off + j * stride) of `src` (dtype t) as T, for j < n.
 template <typename T>
 inline void load_as(DType t, const void* src, int64_t off, int64_t stride, int64_t n, T* dst) {
+  using float16_detail::gather;
   switch (t) {
-    case DType::kF32: {
-      const float* s = static_cast<const float*>(src) + off;
-      for (int64_t j = 0; j < n; ++j) dst[j] = T(s[j * stride]);
+    case DType::kF32:
+      gather(static_cast<const float*>(src) + off, stride, n, dst, [](float v) { return T(v); });
       break;
-    }
-    case DType::kF64: {
-      const double* s = static_cast<const double*>(src) + off;
-      for (int64_t j = 0; j < n; ++j) dst[j] = T(s[j * stride]);
+    case DType::kF64:
+      gather(static_cast<const double*>(src) + off, stride, n, dst, [](double v) { return T(v); });
       break;
-    }
-    case DType::kBF16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src) + off;
-      for (int64_t j = 0; j < n; ++j) dst[j] = T(bf16_to_float(s[j * stride]));
+    case DType::kBF16:
+      gather(static_cast<const uint16_t*>(src) + off, stride, n, dst,
+             [](uint16_t v) { return T(bf16_to_float(v)); });
       break;
-    }
-    case DType::kF16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src) + off;
-      for (int64_t j = 0; j < n; ++j) dst[j] = T(f16_to_float(s[j * stride]));
+    case DType::kF16:
+      gather(static_cast<const uint16_t*>(src) + off, stride, n, dst,
+             [](uint16_t v) { return T(f16_to_float(v)); });
       break;
-    }
   }
 }
 
 // Element (off + j * stride) of `dst` (dtype t) = src[j] rounded once to t, for j < n.
 template <typename T>
 inline void store_as(DType t, void* dst, int64_t off, int64_t stride, int64_t n, const T* src) {
+  using float16_detail::scatter;
   switch (t) {
-    case DType::kF32: {
-      float* d = static_cast<float*>(dst) + off;
-      for (int64_t j = 0; j < n; ++j) d[j * stride] = static_cast<float>(src[j]);
+    case DType::kF32:
+      scatter(src, n, static_cast<float*>(dst) + off, stride,
+              [](T v) { return static_cast<float>(v); });
       break;
-    }
-    case DType::kF64: {
-      double* d = static_cast<double*>(dst) + off;
-      for (int64_t j = 0; j < n; ++j) d[j * stride] = static_cast<double>(src[j]);
+    case DType::kF64:
+      scatter(src, n, static_cast<double*>(dst) + off, stride,
+              [](T v) { return static_cast<double>(v); });
       break;
-    }
-    case DType::kBF16: {
-      uint16_t* d = static_cast<uint16_t*>(dst) + off;
-      for (int64_t j = 0; j < n; ++j) d[j * stride] = float_to_bf16(static_cast<float>(src[j]));
+    case DType::kBF16:
+      scatter(src, n, static_cast<uint16_t*>(dst) + off, stride,
+              [](T v) { return float_to_bf16(static_cast<float>(v)); });
       break;
-    }
-    case DType::kF16: {
-      uint16_t* d = static_cast<uint16_t*>(dst) + off;
-      for (int64_t j = 0; j < n; ++j) d[j * stride] = float_to_f16(static_cast<float>(src[j]));
+    case DType::kF16:
+      scatter(src, n, static_cast<uint16_t*>(dst) + off, stride,
+              [](T v) { return float_to_f16(static_cast<float>(v)); });
       break;
-    }
   }
 }
 
