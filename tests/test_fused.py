@@ -18,13 +18,16 @@ from jax.test_util import check_grads
 
 import jaxdnn
 from grid import NCDHW, NCHW, NHWC, NWC
-from helpers import FAMILIES, GENERAL_FAMILIES, algo_id, f64, rand
+from helpers import FAMILIES, GENERAL_FAMILIES, PLATFORM, algo_id, f64, rand
 from jaxdnn._src import activations, algorithms, ffi
 from jaxdnn._src.geometry import ConvOp
 from jaxdnn._src.primitives import fused as fused_prims
 from tolerances import BF16, F16, F32, F64, RTOL, assert_close, tolerance
 
 A = jaxdnn.ConvAlgo
+# The GPU carries the epilogue in the general families (there are no CUDA Winograd kernels).
+if PLATFORM != "cpu":
+  FAMILIES = GENERAL_FAMILIES
 
 # ---------------------------------------------------------------------------------------------
 # The oracle.

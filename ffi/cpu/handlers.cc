@@ -88,6 +88,7 @@ ffi::Error conv_fused_handler_impl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyB
 // jaxdnn_bias_act_bwd (ffi_conv.h, bias_act.h).
 ffi::Error bias_act_handler_impl(ffi::AnyBuffer t, ffi::AnyBuffer tb, ffi::AnyBuffer s,
                                  ffi::Result<ffi::AnyBuffer> dz, ffi::Result<ffi::AnyBuffer> db,
+                                 ffi::Result<ffi::AnyBuffer> /*workspace: unused on the CPU*/,
                                  ffi::Dictionary attrs) {
   try {
     DecodedBiasAct dec;

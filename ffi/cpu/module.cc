@@ -63,6 +63,10 @@ NB_MODULE(_jaxdnn_cpu, m) {
                                       problem_from_dict(problem), static_cast<DType>(in_dtype),
                                       static_cast<DType>(out_dtype), /*epilogue=*/true);
         });
+  m.def(
+      "bias_act_workspace_bytes",
+      [](long long, long long, long long, int, bool) -> size_t { return 0; },
+      "Workspace bytes of jaxdnn_bias_act_bwd on an (outer, K, inner) view (none on the CPU).");
   m.def("ffi_api_version", [] { return std::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   m.attr("built_jaxlib_version") = JAXDNN_BUILT_JAXLIB_VERSION;
   m.def("num_threads", &cpu::num_threads);

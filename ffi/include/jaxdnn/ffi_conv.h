@@ -28,7 +28,9 @@
 // Backward of the epilogue's activation with the bias gradient, target jaxdnn_bias_act_bwd:
 //   t'[o, k, i] = t[o, k, i] + tb[k],  dz = t' * f'(s),  db[k] = sum over (o, i) of dz[o, k, i]
 //   operands: t (outer, K, inner), tb ([K], or shape (0,) when absent), s (outer, K, inner)
-//   results:  dz (outer, K, inner), db ([K], or shape (0,) when not wanted)
+//   results:  dz (outer, K, inner), db ([K], or shape (0,) when not wanted), workspace (u8, sized
+//             at trace time by the backend's bias_act_workspace_bytes: the GPU's bias-gradient
+//             partials; empty on the CPU)
 //   attributes: activation: i32, activation_param: f64
 // s is the activation's output when activation_grad_from_output(kind), else its input (the
 // preact z of the fused forward). One dtype for all (f32, f64, bf16, f16); 16-bit values are
@@ -285,6 +287,7 @@ auto bind_bias_act_call(Binding&& binding) {
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
       .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>()
       .template Attrs<ffi::Dictionary>();

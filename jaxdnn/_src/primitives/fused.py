@@ -494,18 +494,21 @@ def _bab_reference(t, tb, s, *, activation, activation_param, channel_axis, redu
   return outs
 
 
-def _bab_ffi_call(t, tb, s, *, activation, activation_param, channel_axis, reduce):
+def _bab_ffi_call(platform, t, tb, s, *, activation, activation_param, channel_axis, reduce):
   shape = t.shape
   k = shape[channel_axis]
   outer = int(np.prod(shape[:channel_axis], dtype=np.int64))
   inner = int(np.prod(shape[channel_axis + 1:], dtype=np.int64))
   view = (outer, k, inner)
   absent = jnp.zeros((0,), t.dtype)
+  ws = int(jffi.extension(platform).bias_act_workspace_bytes(
+      outer, k, inner, algorithms.dtype_id(t.dtype), bool(reduce)))
   call = jax.ffi.ffi_call(
       BIAS_ACT_TARGET,
       (jax.ShapeDtypeStruct(view, t.dtype), jax.ShapeDtypeStruct((k,) if reduce else (0,),
-                                                                 t.dtype)))
-  dz, db = call(t.reshape(view), absent if tb is None else tb.astype(t.dtype),
+                                                                 t.dtype),
+       jax.ShapeDtypeStruct((ws,), np.uint8)))
+  dz, db, _ = call(t.reshape(view), absent if tb is None else tb.astype(t.dtype),
                 s.astype(t.dtype).reshape(view),
                 activation=np.int32(activations.KINDS[activation].id),
                 activation_param=np.float64(activation_param))
@@ -517,7 +520,7 @@ def _bab_lowering(platform):
     t, tb, s = _split_bab(args, has_tb)
     if (order == 1 and platform is not None and not reference.reference_enabled()
         and _has_target(platform, BIAS_ACT_TARGET)):
-      return _bab_ffi_call(t, tb, s, **params)
+      return _bab_ffi_call(platform, t, tb, s, **params)
     return _bab_reference(t, tb, s, order=order, **params)
   return mlir.lower_fun(impl, multiple_results=True)
 
