@@ -16,10 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxdnn._src import algorithms
+from jaxdnn._src import activations, algorithms
 from jaxdnn._src.algorithms import ConvAlgo, MathPrecision
 from jaxdnn._src.geometry import ConvGeometry, Layout
 from jaxdnn._src.primitives.conv import conv_forward
+from jaxdnn._src.primitives.fused import conv_fused_forward
 
 _PADDING_STRINGS = ("SAME", "VALID", "SAME_LOWER")
 
@@ -177,10 +178,28 @@ def explicit_padding(padding, nsd: int) -> list[tuple[int, int]]:
   return pads
 
 
+def _epilogue_operand(name: str, value, shape: tuple[int, ...], out_dtype: np.dtype, what: str):
+  """bias / residual as an array of `shape` cast to the output dtype, or a clear error."""
+  if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+    value = jnp.asarray(value)
+  if not (jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer)):
+    raise TypeError(f"{name} must be a real floating (or integer) array, got dtype {value.dtype}")
+  if tuple(value.shape) != tuple(shape):
+    raise ValueError(f"{name} must have shape {tuple(shape)} ({what}), got {tuple(value.shape)}")
+  return value.astype(out_dtype)
+
+
 def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rhs_dilation=None,
          dimension_numbers=None, feature_group_count: int = 1, batch_group_count: int = 1,
-         precision=None, preferred_element_type=None, *, algo: ConvAlgo | str = "auto"):
+         precision=None, preferred_element_type=None, *, algo: ConvAlgo | str = "auto",
+         bias=None, activation: str | None = None, residual=None, activation_param=None):
   """General N-D convolution with lax.conv_general_dilated's arguments, on jaxdnn kernels.
+
+  With any of bias, residual or activation it is the fused convolution
+  act(conv(lhs, rhs) + bias + residual), computed in one kernel pass: the epilogue is applied
+  where the kernel stores its output, in its accumulator type, and rounded once. Its derivatives
+  run the activation-derivative mask and the bias-gradient reduction in one pass, then the
+  backward-data and backward-filter convolutions (jaxdnn/_src/primitives/fused.py).
 
   Args:
     lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
@@ -188,7 +207,18 @@ def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rh
       jax.lax.conv_general_dilated (1 to 3 spatial dimensions).
     algo: a jaxdnn.ConvAlgo, its lowercase name ("direct", "gemm", ...), or "auto". The family
       runs the forward convolution and, under differentiation, its backward operations. A family
-      that cannot run the problem raises ValueError naming the ones that can.
+      that cannot run the problem raises ValueError naming the ones that can; with an epilogue,
+      "auto" picks only families that carry it.
+    bias: None or an array of shape (out_features,), added per output feature.
+    residual: None or an array of the output's shape (in the output's layout), added before the
+      activation (a ResNet skip connection).
+    activation: None or a name from jaxdnn/_src/activations.py: identity, relu, leaky_relu,
+      clipped_relu (relu6), elu, sigmoid, tanh, gelu (exact), gelu_tanh, silu (swish), ...
+    activation_param: the activation's parameter (leaky_relu's negative slope, clipped_relu's
+      ceiling, elu's alpha); None for its default.
+    bias and residual are cast to the output dtype (the operands' dtype, or
+    preferred_element_type). With all of bias, residual and activation None (or an identity
+    activation alone), this is the plain convolution.
 
   Returns:
     The convolution, with lax's output shape and dtype.
@@ -264,5 +294,26 @@ def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rh
                           filter_spatial=tuple(filter_spatial), stride=window_strides,
                           rhs_dilation=rhs_dilation, lhs_dilation=lhs_dilation, pad_lo=pad_lo,
                           pad_hi=pad_hi, groups=groups)
-  y = conv_forward(x, w, geometry, algo, math_precision, out_dtype)
+  if activation is None:
+    if activation_param is not None:
+      raise ValueError(f"activation_param={activation_param!r} needs an activation")
+    kind, act_param = activations.KINDS["identity"], 0.0
+  else:
+    kind, act_param = activations.resolve(activation, activation_param)
+  if bias is None and residual is None and kind.name == "identity":
+    y = conv_forward(x, w, geometry, algo, math_precision, out_dtype)
+    return _from_native(y, dnums.out_spec, layout)
+
+  if bias is not None:
+    bias = _epilogue_operand("bias", bias, (out_channels,), out_dtype, "the output feature count")
+  if residual is not None:
+    canonical = (batch // batch_group_count, out_channels, *geometry.out_spatial)
+    out_shape = [0] * lhs.ndim
+    for i, axis in enumerate(dnums.out_spec):
+      out_shape[axis] = canonical[i]
+    residual = _epilogue_operand("residual", residual, tuple(out_shape), out_dtype,
+                                 "the convolution's output shape")
+    residual = _to_native(residual, dnums.out_spec, layout)
+  y = conv_fused_forward(x, w, bias, residual, geometry, algo, math_precision, out_dtype,
+                         kind.name, act_param)
   return _from_native(y, dnums.out_spec, layout)

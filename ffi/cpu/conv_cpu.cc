@@ -8,6 +8,7 @@
 #include <string>
 
 #include "conv_cpu.h"
+#include "float16.h"
 #include "parallel.h"
 
 namespace jaxdnn::cpu {
@@ -15,62 +16,6 @@ namespace {
 
 constexpr size_t kAlign = 64;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-float bf16_to_float(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float f16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do { ++e; mant <<= 1; } while ((mant & 0x400u) == 0);
-      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | mant << 13;
-  } else {
-    bits = sign | (exp + 112) << 23 | mant << 13;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t float_to_f16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;                      // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;                     // overflow (rounds to inf)
-  if (abs < 0x38800000u) {                                           // subnormal or zero in f16
-    if (abs < 0x33000000u) return sign;                              // below half the min subnormal
-    const uint32_t exp = abs >> 23, mant = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exp;                                // 14..24
-    uint32_t q = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return sign | static_cast<uint16_t>(q);
-  }
-  uint32_t r = abs + 0xfffu + ((abs >> 13) & 1u);                    // round to nearest even
-  return sign | static_cast<uint16_t>(((r >> 13) - (112u << 10)) & 0xffffu);
-}
 
 template <typename From, typename To, typename Fn>
 void map_range(const void* src, void* dst, int64_t b, int64_t e, Fn fn) {
@@ -135,14 +80,15 @@ size_t algo_workspace_bytes(ConvOp op, ConvAlgo algo, const ConvProblem& p, size
   }
 }
 
-// Workspace layout: [a widened][b widened][out in compute type][algorithm workspace].
+// Workspace layout: [a widened][b widened][out in compute type][bias widened][algorithm
+// workspace]. The bias buffer exists for fused calls whose result type is not the compute type.
 struct WorkspacePlan {
-  size_t a_bytes = 0, b_bytes = 0, out_bytes = 0, algo_bytes = 0;
-  size_t total() const { return a_bytes + b_bytes + out_bytes + algo_bytes + kAlign; }
+  size_t a_bytes = 0, b_bytes = 0, out_bytes = 0, bias_bytes = 0, algo_bytes = 0;
+  size_t total() const { return a_bytes + b_bytes + out_bytes + bias_bytes + algo_bytes + kAlign; }
 };
 
 WorkspacePlan plan_workspace(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in,
-                             DType out) {
+                             DType out, bool epilogue) {
   const DType acc = compute_dtype(in, out);
   const size_t elem = dtype_bytes(acc);
   int64_t na, nb, nout;
@@ -153,13 +99,15 @@ WorkspacePlan plan_workspace(ConvOp op, ConvAlgo algo, const ConvProblem& p, DTy
     plan.b_bytes = align_up(nb * elem);
   }
   if (out != acc) plan.out_bytes = align_up(nout * elem);
+  if (epilogue && op == ConvOp::kForward && out != acc) plan.bias_bytes = align_up(p.K * elem);
   plan.algo_bytes = align_up(algo_workspace_bytes(op, algo, p, elem));
   return plan;
 }
 
 template <typename T>
 void run_typed(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out_dtype,
-               const void* a, const void* b, void* out, char* ws, const WorkspacePlan& plan) {
+               const void* a, const void* b, void* out, char* ws, const WorkspacePlan& plan,
+               const ConvEpilogue& epi) {
   int64_t na, nb, nout;
   operand_sizes(op, p, &na, &nb, &nout);
   const DType acc = sizeof(T) == 8 ? DType::kF64 : DType::kF32;
@@ -178,7 +126,27 @@ void run_typed(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType o
   cursor += plan.a_bytes + plan.b_bytes;
   if (out_dtype != acc) out_t = reinterpret_cast<T*>(cursor);
   cursor += plan.out_bytes;
-  ConvOperands<T> io{a_t, b_t, out_t, cursor};
+  CpuEpilogue<T> cpu_epi;
+  if (!epi.empty()) {
+    cpu_epi.y0 = out_t;
+    if (epi.bias != nullptr) {
+      if (out_dtype == acc) {
+        cpu_epi.bias = static_cast<const T*>(epi.bias);
+      } else {
+        T* bias_w = reinterpret_cast<T*>(cursor);
+        load_as<T>(out_dtype, epi.bias, 0, 1, p.K, bias_w);
+        cpu_epi.bias = bias_w;
+      }
+    }
+    cpu_epi.residual = epi.residual;
+    cpu_epi.preact = epi.preact;
+    cpu_epi.io_dtype = out_dtype;
+    cpu_epi.act = epi.activation;
+    cpu_epi.param = static_cast<T>(epi.param);
+    cpu_epi.K = p.K;
+  }
+  cursor += plan.bias_bytes;
+  ConvOperands<T> io{a_t, b_t, out_t, cursor, epi.empty() ? nullptr : &cpu_epi};
   switch (algo) {
     case ConvAlgo::kDirect: direct_conv<T>(op, p, io); break;
     case ConvAlgo::kGemm: gemm_conv<T>(op, p, io); break;
@@ -210,23 +178,33 @@ std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
   }
 }
 
-size_t workspace_bytes(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out) {
-  return plan_workspace(op, algo, p, in, out).total();
+std::string can_implement_fused(ConvAlgo algo, const ConvProblem& p) {
+  // Each family applies the epilogue where it stores its output (epilogue.h): GEMM and the two
+  // implicit GEMMs after the last K block of each macro tile, DIRECT per output row segment,
+  // both Winograd families in their output transform.
+  return can_implement(ConvOp::kForward, algo, p);
+}
+
+size_t workspace_bytes(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out,
+                       bool epilogue) {
+  return plan_workspace(op, algo, p, in, out, epilogue).total();
 }
 
 std::string run_conv(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out_dtype,
                      const void* a, const void* b, void* out, void* workspace,
-                     size_t workspace_size) {
+                     size_t workspace_size, const ConvEpilogue& epi) {
   if (std::string why = can_implement(op, algo, p); !why.empty()) return why;
-  const WorkspacePlan plan = plan_workspace(op, algo, p, in, out_dtype);
+  if (!epi.empty() && op != ConvOp::kForward)
+    return "only the forward convolution takes an epilogue";
+  const WorkspacePlan plan = plan_workspace(op, algo, p, in, out_dtype, !epi.empty());
   if (workspace_size < plan.total()) return "workspace buffer is too small";
   // Align the workspace start: XLA's buffers are aligned, but do not rely on more than 16 bytes.
   char* ws = static_cast<char*>(workspace);
   ws += (kAlign - reinterpret_cast<uintptr_t>(ws) % kAlign) % kAlign;
   if (compute_dtype(in, out_dtype) == DType::kF64)
-    run_typed<double>(op, algo, p, in, out_dtype, a, b, out, ws, plan);
+    run_typed<double>(op, algo, p, in, out_dtype, a, b, out, ws, plan, epi);
   else
-    run_typed<float>(op, algo, p, in, out_dtype, a, b, out, ws, plan);
+    run_typed<float>(op, algo, p, in, out_dtype, a, b, out, ws, plan, epi);
   return "";
 }
 

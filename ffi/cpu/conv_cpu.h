@@ -12,18 +12,21 @@
 #include <cstddef>
 #include <string>
 
+#include "epilogue.h"
 #include "jaxdnn/conv_problem.h"
 
 namespace jaxdnn::cpu {
 
 // Operands by operation (see conv_problem.h): forward (x, w) -> y; backward-data (dy, w) -> dx;
-// backward-filter (x, dy) -> dw.
+// backward-filter (x, dy) -> dw. `epi` (forward only; null for a plain convolution) is applied
+// by every family where it stores its output (epilogue.h).
 template <typename T>
 struct ConvOperands {
   const T* a;
   const T* b;
   T* out;
   void* workspace;  // aligned to 64 bytes
+  const CpuEpilogue<T>* epi = nullptr;
 };
 
 // DIRECT (conv_direct.cc): window loops; dedicated depthwise / grouped paths. No workspace.
@@ -58,16 +61,22 @@ int winograd_tile(ConvOp op, const ConvProblem& p);
 
 // Support predicate of the CPU backend: "" when `algo` can run `op` on `p`, else the reason.
 std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p);
+// The same for a fused forward convolution (an epilogue, conv_problem.h): every CPU family that
+// runs the forward convolution carries the epilogue.
+std::string can_implement_fused(ConvAlgo algo, const ConvProblem& p);
 
 // Bytes of workspace the CPU backend needs for (op, algo, p) with operands of `in` dtype and a
-// result of `out` dtype: the algorithm's workspace plus buffers for 16-bit conversion.
-size_t workspace_bytes(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out);
+// result of `out` dtype: the algorithm's workspace plus buffers for 16-bit conversion, plus, with
+// `epilogue` (fused forward), the bias widened to the compute type.
+size_t workspace_bytes(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out,
+                       bool epilogue = false);
 
 // Runs the convolution. Returns "" on success, else an error message. `a`, `b` have dtype `in`,
-// `out` has dtype `out_dtype`.
+// `out` has dtype `out_dtype`. A non-empty `epi` (forward only) fuses the epilogue; its bias,
+// residual and preact have dtype `out_dtype`, and the workspace is workspace_bytes(..., true).
 std::string run_conv(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out_dtype,
                      const void* a, const void* b, void* out, void* workspace,
-                     size_t workspace_size);
+                     size_t workspace_size, const ConvEpilogue& epi = ConvEpilogue{});
 
 }  // namespace jaxdnn::cpu
 

@@ -594,8 +594,12 @@ void pack_filter(const Geo& g, const Plan& pl, T* wp, WV&& wval) {
   }
 }
 
+// `epi` (forward only, else null): the fused epilogue, applied to each output row segment (one
+// (n, z, p) row and q-tile: per unit and channel channels-first, all units at once
+// channels-last) right after the micro-kernels have stored it.
 template <typename T>
-void forward_engine(const Geo& g, const Plan& pl, const T* x, const T* wp, T* y, void* ws_slots) {
+void forward_engine(const Geo& g, const Plan& pl, const T* x, const T* wp, T* y, void* ws_slots,
+                    const CpuEpilogue<T>* epi) {
   const int64_t Z = g.out[0], P = g.out[1], Q = g.out[2];
   const int64_t nqt = ceil_div(Q, pl.QT);
   const int64_t outer = g.N * Z * nqt;
@@ -661,6 +665,7 @@ void forward_engine(const Geo& g, const Plan& pl, const T* x, const T* wp, T* y,
           for (int64_t k = 0; k < g.Kg; ++k) {
             T* yd = y + (n * g.K + u * g.Kg + k) * opix + rowpix;
             for (int64_t q = 0; q < nq; ++q) yd[q] = ob[q * out_q + k];
+            if (epi) epi->apply(yd, nq, 1, u * g.Kg + k, 0);
           }
         }
       } else if (pl.mode == Mode::kExp) {
@@ -690,6 +695,7 @@ void forward_engine(const Geo& g, const Plan& pl, const T* x, const T* wp, T* y,
           for (int64_t l = 0; l < nl; ++l) {
             T* yd = y + (n * g.K + k0 + l) * opix + rowpix;
             for (int64_t qq = 0; qq < nq; ++qq) yd[qq] = ob[qq * VL + l];
+            if (epi) epi->apply(yd, nq, 1, k0 + l, 0);
           }
         }
       } else {
@@ -724,8 +730,14 @@ void forward_engine(const Geo& g, const Plan& pl, const T* x, const T* wp, T* y,
           });
           k += kd;
         }
+        if (epi && !nhwc) {
+          for (int64_t k = 0; k < g.Kg; ++k) epi->apply(ob + k * out_k, nq, 1, u * g.Kg + k, 0);
+        }
       }
       }
+      // Channels-last: the row segment (n, z, p, q0 .. q0 + nq) is now complete in every unit,
+      // and contiguous.
+      if (epi && nhwc) epi->apply_channels_last(y + (n * opix + rowpix) * g.K, nq * g.K, 0);
     }
   });
 }
@@ -1045,7 +1057,8 @@ void direct_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
       return orig(ft, k % Cg, gi * Kg + c);
     });
   }
-  forward_engine<T>(g, pl, io.a, wp, io.out, ws_slots);
+  forward_engine<T>(g, pl, io.a, wp, io.out, ws_slots,
+                    op == ConvOp::kForward ? io.epi : nullptr);
 }
 
 size_t direct_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes) {

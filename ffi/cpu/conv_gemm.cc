@@ -79,15 +79,15 @@ void forward(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>&
   auto run = [&](int64_t gg, int64_t m0, int64_t rows, const T* ap, GemmAxis ar, GemmAxis ac) {
     const WView<T> wv = weight_kk_k(g, w, gg);
     T* yb = y + gg * g.Kg * g.ys.c;
-    gemm_driver<T>(
-        rows, g.Kg, g.KK, T(1), T(0),
+    gemm_driver_conv_fwd<T>(
+        rows, g.Kg, g.KK,
         [&](T* dst, int64_t i0, int64_t mc, int64_t k0, int64_t kc) {
           gemm_pack_a_view<T>(dst, ap, ar, ac, i0, mc, k0, kc);
         },
         [&](T* dst, int64_t k0, int64_t kc, int64_t j0, int64_t nc) {
           gemm_pack_b_view<T>(dst, wv.p, wv.kk, wv.k, k0, kc, j0, nc);
         },
-        [&](int64_t i) { return yb + ypix.off(m0 + i); }, g.ys.c);
+        [&](int64_t i) { return yb + ypix.off(m0 + i); }, g.ys.c, io.epi, gg * g.Kg);
   };
   if (is_pointwise(p)) {
     for (int64_t gg = 0; gg < g.G; ++gg)

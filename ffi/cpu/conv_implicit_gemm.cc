@@ -91,8 +91,8 @@ void forward(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>&
     const WView<T> wv = weight_kk_k(g, w, gg);
     const T* xg = x + gg * g.Cg * g.xs.c;
     T* yb = y + gg * g.Kg * g.ys.c;
-    gemm_driver<T>(
-        g.M, g.Kg, g.KK, T(1), T(0),
+    gemm_driver_conv_fwd<T>(
+        g.M, g.Kg, g.KK,
         [&](T* dst, int64_t i0, int64_t mc, int64_t k0, int64_t kc) {
           int64_t t0 = 0, t1 = g.TRS;
           if (g.nhwc) {
@@ -114,7 +114,7 @@ void forward(const ConvProblem& p, const ConvGemmDims& g, const ConvOperands<T>&
         [&](T* dst, int64_t k0, int64_t kc, int64_t j0, int64_t nc) {
           gemm_pack_b_view<T>(dst, wv.p, wv.kk, wv.k, k0, kc, j0, nc);
         },
-        [&](int64_t i) { return yb + ypix.off(i); }, g.ys.c);
+        [&](int64_t i) { return yb + ypix.off(i); }, g.ys.c, io.epi, gg * g.Kg);
   }
 }
 

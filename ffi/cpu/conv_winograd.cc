@@ -265,8 +265,12 @@ void input_transform(const Pass& ps, const T* in, int64_t t0, int64_t nt, int64_
 
 // Output transform of tiles [t0, t0 + nt): Y = AT Mo AT^T from Mo[xi][t - t0][k] (point stride
 // TB * Co), cropped to the P x Q output.
+// `epi` (forward only, else null): the fused epilogue, applied to each finished tile: per row
+// of the tile (its pixels are contiguous) channels-last, per stored block of kCB channels of one
+// pixel channels-first.
 template <typename T, int M>
-void output_transform(const Pass& ps, T* out, int64_t t0, int64_t nt, int64_t TB, const T* Mo) {
+void output_transform(const Pass& ps, T* out, int64_t t0, int64_t nt, int64_t TB, const T* Mo,
+                      const CpuEpilogue<T>* epi) {
   constexpr int A2 = Wino<M>::A * Wino<M>::A;
   const int64_t th = (ps.P + M - 1) / M, tw = (ps.Q + M - 1) / M;
   parallel_for(nt, [&](int64_t b, int64_t e) {
@@ -282,10 +286,16 @@ void output_transform(const Pass& ps, T* out, int64_t t0, int64_t nt, int64_t TB
           load_block(m + xi * kCB, Mo + (xi * TB + tt) * ps.Co + k0, 1, kb);
         sandwich<T>(Wino<M>::AT, Wino<M>::AT, m, y);
         for (int64_t i = 0; i < mh; ++i)
-          for (int64_t j = 0; j < mw; ++j)
-            store_block(base + (ti * M + i) * ps.os.sp[1] + (tj * M + j) * ps.os.sp[2] +
-                            k0 * ps.os.c, y + (i * M + j) * kCB, ps.os.c, kb);
+          for (int64_t j = 0; j < mw; ++j) {
+            T* dst = base + (ti * M + i) * ps.os.sp[1] + (tj * M + j) * ps.os.sp[2] + k0 * ps.os.c;
+            store_block(dst, y + (i * M + j) * kCB, ps.os.c, kb);
+            if (epi && ps.os.c != 1) epi->apply(dst, kb, ps.os.c, k0, 1);
+          }
       }
+      if (epi && ps.os.c == 1)
+        for (int64_t i = 0; i < mh; ++i)
+          epi->apply_channels_last(base + (ti * M + i) * ps.os.sp[1] + tj * M * ps.os.sp[2],
+                                   mw * ps.Co, 0);
     }
   }, 4);
 }
@@ -340,7 +350,7 @@ void point_products(int64_t A2, int64_t G, int64_t nt, int64_t TB, int64_t Ci, i
 // workspace); the nested steps run serially on that thread.
 template <typename T, int M>
 void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterView& wf,
-                  bool fused, void* workspace) {
+                  bool fused, void* workspace, const CpuEpilogue<T>* epi) {
   constexpr int A = Wino<M>::A, A2 = A * A;
   const int64_t G = ps.G, Cg = ps.Cig(), Kg = ps.Cog();
   const int64_t tiles = tiles_of(ps, M);
@@ -385,7 +395,7 @@ void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterV
         const int64_t t0 = blk * FB, nt = std::min(FB, tiles - t0);
         input_transform<T, M>(ps, in, t0, nt, FB, Vb);
         point_products<T>(A2, G, nt, FB, ps.Ci, ps.Co, pu, Kg, Vb, U, Mb);
-        output_transform<T, M>(ps, out, t0, nt, FB, Mb);
+        output_transform<T, M>(ps, out, t0, nt, FB, Mb, epi);
       }
     }, 1, 2);
     return;
@@ -397,7 +407,7 @@ void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterV
     // 3. Mo[xi] = V[xi] * U[xi], per group.
     point_products<T>(A2, G, nt, TB, ps.Ci, ps.Co, pu, Kg, V, U, Mo);
     // 4. Y = AT Mo AT^T, cropped to P x Q.
-    output_transform<T, M>(ps, out, t0, nt, TB, Mo);
+    output_transform<T, M>(ps, out, t0, nt, TB, Mo, epi);
   }
 }
 
@@ -484,7 +494,8 @@ void run(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool fused)
     case ConvOp::kForward:
     case ConvOp::kBackwardData:
       forward_pass<T, M>(make_pass(op, p), io.a, io.out, io.b,
-                         filter_view(p, op == ConvOp::kBackwardData), fused, io.workspace);
+                         filter_view(p, op == ConvOp::kBackwardData), fused, io.workspace,
+                         op == ConvOp::kForward ? io.epi : nullptr);
       break;
     case ConvOp::kBackwardFilter:
       backward_filter<T, M>(p, io.a, io.b, io.out, io.workspace);

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "epilogue.h"
 #include "jaxdnn/conv_problem.h"
 #include "parallel.h"
 
@@ -83,15 +84,25 @@ inline void gemm_run_tasks(int64_t n, bool serial, const std::function<void(int6
 
 inline int64_t gemm_round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
+// The default epilogue of gemm_driver: none.
+struct GemmNoEpilogue {
+  static constexpr bool kActive = false;
+  void operator()(int64_t, int64_t, int64_t, int64_t) const {}
+};
+
 // The blocked driver.
 //   pack_a(T* dst, int64_t i0, int64_t mc, int64_t k0, int64_t kc): rows [i0, i0+mc) x [k0, k0+kc)
 //     into dst + i * KC (see above).
 //   pack_b(T* dst, int64_t k0, int64_t kc, int64_t j0, int64_t nc): [k0, k0+kc) x [j0, j0+nc)
 //     into NR-column slivers, zero-padded to a multiple of NR columns.
 //   crow(int64_t i) -> T*: C(i, 0).  csc: C column stride.
-template <typename T, class PackA, class PackB, class CRow>
+//   epi(int64_t i0, int64_t mc, int64_t j0, int64_t nc): called once for every block of C, rows
+//     [i0, i0+mc) x columns [j0, j0+nc), right after the block's last K step has been stored
+//     (the block is still in cache), by the thread that computed it. Blocks are disjoint and
+//     cover C. Epi::kActive == false skips the calls.
+template <typename T, class PackA, class PackB, class CRow, class Epi = GemmNoEpilogue>
 void gemm_driver(int64_t M, int64_t N, int64_t K, T alpha, T beta, const PackA& pack_a,
-                 const PackB& pack_b, const CRow& crow, int64_t csc) {
+                 const PackB& pack_b, const CRow& crow, int64_t csc, const Epi& epi = Epi()) {
   constexpr int MR = GemmShape<T>::MR, NR = GemmShape<T>::NR, KC = GemmShape<T>::KC;
   if (M <= 0 || N <= 0) return;
   const double work = 2.0 * static_cast<double>(M) * N * std::max<int64_t>(K, 1);
@@ -102,6 +113,7 @@ void gemm_driver(int64_t M, int64_t N, int64_t K, T alpha, T beta, const PackA& 
       for (int64_t i = b; i < e; ++i) {
         T* c = crow(i);
         for (int64_t j = 0; j < N; ++j) c[j * csc] = beta == T(0) ? T(0) : beta * c[j * csc];
+        if constexpr (Epi::kActive) epi(i, 1, 0, N);
       }
     });
     return;
@@ -167,16 +179,62 @@ void gemm_driver(int64_t M, int64_t N, int64_t K, T alpha, T beta, const PackA& 
             pack_a(Ap, i0, mc, k0, kc);
             for (int64_t i = mc; i < mpad; ++i) std::memset(Ap + i * KC, 0, sizeof(T) * kc);
             const T bk = pcb == 0 ? beff : T(1);
+            const bool last_k = kb0 + kbw >= K && pcb == nkb - 1;
             for (int64_t j0 = g0; j0 < g1; j0 += NC) {
               const int64_t nc = std::min<int64_t>(NC, g1 - j0);
               gemm_macro<T>(mc, nc, kc, Ap, Bp + pcb * KC * nbpad + (j0 / NR) * kc * NR, alpha,
                             bk, rows, csc, j0 * csc);
+              if constexpr (Epi::kActive) {
+                if (last_k) epi(i0, mc, nb0 + j0, nc);
+              }
             }
           }
         }
       });
     }
   }
+}
+
+// gemm_driver epilogue of a convolution's forward product whose C(i, j) is the output element
+// crow(i)[j * csc] of channel k0 + j: applies the fused epilogue (epilogue.h) to each finished
+// block, along runs of rows that are contiguous in memory. Channels-last (csc == 1): a block
+// spanning all K channels makes consecutive pixels one contiguous span, else each row is one.
+// Channels-first: each channel along the block's pixels of one image.
+template <typename T, class CRow>
+struct ConvGemmEpilogue {
+  static constexpr bool kActive = true;
+  const CpuEpilogue<T>* epi;
+  const CRow* crow;
+  int64_t csc, k0;
+  void operator()(int64_t i0, int64_t mc, int64_t j0, int64_t nc) const {
+    const bool full_rows = csc == 1 && k0 + j0 == 0 && nc == epi->K;
+    const int64_t step = csc == 1 ? nc : 1;
+    for (int64_t a = 0; a < mc;) {
+      T* base = (*crow)(i0 + a) + j0 * csc;
+      int64_t b = a + 1;
+      if (full_rows || csc != 1)
+        while (b < mc && (*crow)(i0 + b) + j0 * csc == base + (b - a) * step) ++b;
+      if (csc == 1) {
+        epi->apply_channels_last(base, (b - a) * nc, k0 + j0);
+      } else {
+        for (int64_t j = 0; j < nc; ++j) epi->apply(base + j * csc, b - a, 1, k0 + j0 + j, 0);
+      }
+      a = b;
+    }
+  }
+};
+
+// Runs gemm_driver with the fused epilogue of `epi` (when non-null) on output channels k0 + j.
+template <typename T, class PackA, class PackB, class CRow>
+void gemm_driver_conv_fwd(int64_t M, int64_t N, int64_t K, const PackA& pack_a,
+                          const PackB& pack_b, const CRow& crow, int64_t csc,
+                          const CpuEpilogue<T>* epi, int64_t k0) {
+  if (epi == nullptr) {
+    gemm_driver<T>(M, N, K, T(1), T(0), pack_a, pack_b, crow, csc);
+    return;
+  }
+  gemm_driver<T>(M, N, K, T(1), T(0), pack_a, pack_b, crow, csc,
+                 ConvGemmEpilogue<T, CRow>{epi, &crow, csc, k0});
 }
 
 // ---- Two-level strided views (used by the convolution families) -------------------------------

@@ -5,6 +5,7 @@
 #include <exception>
 #include <string>
 
+#include "bias_act.h"
 #include "conv_cpu.h"
 #include "jaxdnn/ffi_conv.h"
 #include "jaxdnn/ffi_pool.h"
@@ -44,6 +45,78 @@ ffi::Error conv_handler_impl(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi
   }
 }
 
+// Fused forward (ffi_conv.h): conv + bias + residual, activation, optional preact.
+ffi::Error run_conv_fused_call(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
+                               ffi::AnyBuffer residual, ffi::Result<ffi::AnyBuffer> out,
+                               ffi::Result<ffi::AnyBuffer> preact,
+                               ffi::Result<ffi::AnyBuffer> workspace, ffi::Dictionary attrs) {
+  DecodedConv dec;
+  ConvEpilogue epi;
+  if (auto err = decode_conv_fused_call(x, w, bias, residual, *out, *preact, attrs, &dec, &epi);
+      !err.success())
+    return err;
+  if (std::string why = cpu::can_implement_fused(dec.algo, dec.problem); !why.empty())
+    return ffi::Error::InvalidArgument(std::string("jaxdnn fused convolution (") +
+                                       conv_algo_name(dec.algo) + "): " + why);
+  const size_t need = cpu::workspace_bytes(ConvOp::kForward, dec.algo, dec.problem, dec.in_dtype,
+                                           dec.out_dtype, /*epilogue=*/true);
+  if (workspace->size_bytes() < need)
+    return ffi::Error::InvalidArgument("jaxdnn fused convolution: workspace buffer is too small (" +
+                                       std::to_string(workspace->size_bytes()) + " < " +
+                                       std::to_string(need) + " bytes)");
+  std::string err = cpu::run_conv(ConvOp::kForward, dec.algo, dec.problem, dec.in_dtype,
+                                  dec.out_dtype, x.untyped_data(), w.untyped_data(),
+                                  out->untyped_data(), workspace->untyped_data(),
+                                  workspace->size_bytes(), epi);
+  if (!err.empty()) return ffi::Error::InvalidArgument("jaxdnn fused convolution: " + err);
+  return ffi::Error::Success();
+}
+
+ffi::Error conv_fused_handler_impl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
+                                   ffi::AnyBuffer residual, ffi::Result<ffi::AnyBuffer> out,
+                                   ffi::Result<ffi::AnyBuffer> preact,
+                                   ffi::Result<ffi::AnyBuffer> workspace, ffi::Dictionary attrs) {
+  try {
+    return run_conv_fused_call(x, w, bias, residual, out, preact, workspace, attrs);
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxdnn fused convolution: unexpected exception: ") +
+                                e.what());
+  } catch (...) {
+    return ffi::Error::Internal("jaxdnn fused convolution: unexpected exception");
+  }
+}
+
+// jaxdnn_bias_act_bwd (ffi_conv.h, bias_act.h).
+ffi::Error bias_act_handler_impl(ffi::AnyBuffer t, ffi::AnyBuffer tb, ffi::AnyBuffer s,
+                                 ffi::Result<ffi::AnyBuffer> dz, ffi::Result<ffi::AnyBuffer> db,
+                                 ffi::Result<ffi::AnyBuffer> /*workspace: unused on the CPU*/,
+                                 ffi::Dictionary attrs) {
+  try {
+    DecodedBiasAct dec;
+    if (auto err = decode_bias_act_call(t, tb, s, *dz, *db, attrs, &dec); !err.success())
+      return err;
+    BiasActProblem p;
+    p.outer = dec.outer;
+    p.K = dec.K;
+    p.inner = dec.inner;
+    p.act = dec.activation;
+    p.param = dec.param;
+    p.dtype = dec.dtype;
+    std::string err = run_bias_act_backward(p, t.untyped_data(),
+                                            dec.has_tb ? tb.untyped_data() : nullptr,
+                                            s.untyped_data(), dz->untyped_data(),
+                                            dec.has_db ? db->untyped_data() : nullptr);
+    if (!err.empty())
+      return ffi::Error::InvalidArgument("jaxdnn bias/activation backward: " + err);
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxdnn bias/activation backward: unexpected "
+                                            "exception: ") + e.what());
+  } catch (...) {
+    return ffi::Error::Internal("jaxdnn bias/activation backward: unexpected exception");
+  }
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvForward, conv_handler_impl<ConvOp::kForward>,
@@ -52,6 +125,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvBackwardData, conv_handler_impl<ConvOp::kBackw
                               bind_conv_call(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvBackwardFilter, conv_handler_impl<ConvOp::kBackwardFilter>,
                               bind_conv_call(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvForwardFused, conv_fused_handler_impl,
+                              bind_conv_fused_call(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BiasActBackward, bias_act_handler_impl,
+                              bind_bias_act_call(ffi::Ffi::Bind()));
 
 }  // namespace jaxdnn::cpu
 

@@ -21,6 +21,8 @@ NB_MODULE(_jaxdnn_cpu, m) {
     d["jaxdnn_conv_fwd"] = ffi_capsule(cpu::ConvForward);
     d["jaxdnn_conv_bwd_data"] = ffi_capsule(cpu::ConvBackwardData);
     d["jaxdnn_conv_bwd_filter"] = ffi_capsule(cpu::ConvBackwardFilter);
+    d["jaxdnn_conv_fwd_fused"] = ffi_capsule(cpu::ConvForwardFused);
+    d["jaxdnn_bias_act_bwd"] = ffi_capsule(cpu::BiasActBackward);
     d["jaxdnn_max_pool_fwd"] = ffi_capsule(cpu::MaxPoolForward);
     d["jaxdnn_max_pool_gather"] = ffi_capsule(cpu::MaxPoolGather);
     d["jaxdnn_max_pool_scatter"] = ffi_capsule(cpu::MaxPoolScatter);
@@ -44,6 +46,27 @@ NB_MODULE(_jaxdnn_cpu, m) {
                                     problem_from_dict(problem), static_cast<DType>(in_dtype),
                                     static_cast<DType>(out_dtype));
       });
+  // Queries of the fused forward (jaxdnn_conv_fwd_fused): the same arguments as can_implement /
+  // workspace_bytes without the operation.
+  m.def(
+      "can_implement_fused",
+      [](int algo, nb::dict problem, int in_dtype, int out_dtype, int precision) {
+        (void)in_dtype, (void)out_dtype, (void)precision;
+        return cpu::can_implement_fused(static_cast<ConvAlgo>(algo), problem_from_dict(problem));
+      },
+      "Empty string when the CPU backend can run the fused forward convolution (conv + bias + "
+      "residual + activation) with `algo` on the problem, else the reason.");
+  m.def("workspace_bytes_fused",
+        [](int algo, nb::dict problem, int in_dtype, int out_dtype, int precision) {
+          (void)precision;
+          return cpu::workspace_bytes(ConvOp::kForward, static_cast<ConvAlgo>(algo),
+                                      problem_from_dict(problem), static_cast<DType>(in_dtype),
+                                      static_cast<DType>(out_dtype), /*epilogue=*/true);
+        });
+  m.def(
+      "bias_act_workspace_bytes",
+      [](long long, long long, long long, int, bool) -> size_t { return 0; },
+      "Workspace bytes of jaxdnn_bias_act_bwd on an (outer, K, inner) view (none on the CPU).");
   m.def("ffi_api_version", [] { return std::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   m.attr("built_jaxlib_version") = JAXDNN_BUILT_JAXLIB_VERSION;
   m.def("num_threads", &cpu::num_threads);

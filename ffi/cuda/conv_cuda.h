@@ -33,6 +33,7 @@ struct CudaConvBuffers {
   void* workspace;   // at least workspace_bytes(call) bytes, 256-byte aligned (from XLA)
   size_t workspace_size;
   cudaStream_t stream;
+  ConvEpilogue epi = {};  // fused forward epilogue (empty: plain convolution)
 };
 
 // Each family: a support predicate ("" = supported, else the reason), its workspace size, and a
@@ -57,6 +58,11 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
 
 // Dispatch over all families (conv_cuda.cu).
 std::string can_implement(const CudaConvCall& c);
+// The forward with a fused epilogue (io.epi): the families whose kernels carry it (fused.cu).
+std::string can_implement_fused(const CudaConvCall& c);
+// Workspace of jaxdnn_bias_act_bwd for an (outer, K, inner) view: the bias-gradient partials.
+size_t bias_act_workspace_bytes(long long outer, long long K, long long inner, DType dtype,
+                                bool reduce);
 size_t workspace_bytes(const CudaConvCall& c);
 std::string run_conv(const CudaConvCall& c, const CudaConvBuffers& io);
 

@@ -33,6 +33,7 @@
 #include <string>
 
 #include "conv_cuda.h"
+#include "epilogue.cuh"
 #include "gemm_primitives.cuh"
 
 namespace jaxdnn::cuda {
@@ -47,6 +48,7 @@ struct Geo {
   int in[3], out[3], filt[3], st[3], dl[3], lhs[3], pad[3];
   int taps;
   bool nhwc;
+  EpiDev epi;  // fused epilogue of a forward call (off otherwise)
 };
 
 constexpr int kMaxDwTaps = 9;
@@ -243,6 +245,7 @@ __global__ void __launch_bounds__(256)
         }
       }
     }
+    if (g.epi.on) acc = epi_apply<Acc>(g.epi, idx, acc);
     store_scalar(y, idx, acc, out_dt);
   }
 }
@@ -448,6 +451,7 @@ __global__ void __launch_bounds__(kDwThreads)
         }
       }
     }
+    if (!BWD && g.epi.on) epi_apply_run<V>(g.epi, pix * DCH + c0, acc);
     store_vec<V>(out_ptr<T>(dst, pix * DCH + c0, out_f32), acc, out_f32);
   }
 }
@@ -549,6 +553,7 @@ struct DwsArgs {
   int cb, lanes;               // channel vectors x strips per block (cb * lanes == blockDim.x)
   bool flip;                   // read the filter flipped (dgrad)
   bool out_f32;                // 16-bit inputs, fp32 result
+  EpiDev epi;                  // fused epilogue of a forward call (off otherwise)
 };
 
 __device__ __forceinline__ uint4 ld16u(const void* p) {
@@ -684,8 +689,10 @@ __global__ void __launch_bounds__(kDwsThreads, (S == 7 && sizeof(T) == 4) ? 1 : 
     const i64 obase = ((((i64)n * a.dd[0] + z) * a.dd[1] + p) * a.dd[2] + q0) * C + c0;
 #pragma unroll
     for (int i = 0; i < TW; ++i) {
-      if (q0 + i < a.dd[2])
+      if (q0 + i < a.dd[2]) {
+        if (a.epi.on) epi_apply_run<V>(a.epi, obase + (i64)i * C, acc[i]);
         store_vec<V>(out_ptr<T>(dst, obase + (i64)i * C, a.out_f32), acc[i], a.out_f32);
+      }
     }
   }
 }
@@ -1166,8 +1173,10 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int i = 0; i < kPx; ++i) {
       const int dc = BWD ? rr + sw * (m0 + i) : m0 + i;
-      if (dc < dsp[2])
+      if (dc < dsp[2]) {
+        if (!BWD && g.epi.on) epi_apply_run<4>(g.epi, (drow + dc) * DCH + dc0, acc[i]);
         store_vec<4>(out_ptr<T>(dst, (drow + dc) * DCH + dc0, out_f32), acc[i], out_f32);
+      }
     }
   }
 }
@@ -1459,7 +1468,8 @@ template <typename T>
 std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io, Kern kern) {
   using Acc = typename AccOf<T>::type;
   const ConvProblem& p = c.problem;
-  const Geo g = make_geo(p);
+  Geo g = make_geo(p);
+  if (c.op == ConvOp::kForward) g.epi = make_epi(io.epi, p, c.out);
   const bool out_f32 = c.out == DType::kF32 && c.in != DType::kF32;
   const T* a = static_cast<const T*>(io.a);
   const T* b = static_cast<const T*>(io.b);
@@ -1543,6 +1553,7 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io, Kern ker
   }
 
   const bool bwd = c.op == ConvOp::kBackwardData;
+  if (!bwd && p.x_elems() == 0 && g.epi.on) return epi_fill(g.epi, io.out, out_elems, st);
   if ((bwd ? p.y_elems() : p.x_elems()) == 0) {  // nothing to gather from: the result is zero
     cudaError_t e = cudaMemsetAsync(io.out, 0, (size_t)out_elems * dtype_bytes(c.out), st);
     if (e != cudaSuccess) return std::string("CUDA error in memset: ") + cudaGetErrorString(e);
@@ -1552,7 +1563,8 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io, Kern ker
     if constexpr (!std::is_same_v<T, double>) {
       constexpr int TW = std::is_same_v<T, float> ? kDwsTw32 : kDwsTw16;
       int64_t nchunks;
-      const DwsArgs da = dws_args(c, TW, &nchunks);
+      DwsArgs da = dws_args(c, TW, &nchunks);
+      da.epi = g.epi;
       const int64_t total = (int64_t)da.N * da.dd[0] * da.dd[1] * da.nstrips;
       const int64_t sblocks = std::min<int64_t>((total + da.lanes - 1) / da.lanes, 1 << 24);
       dim3 grid((unsigned)sblocks, (unsigned)nchunks);
@@ -1643,8 +1655,10 @@ std::string direct_run(const CudaConvCall& c, const CudaConvBuffers& io) {
   Kern k = select_direct(c);
   // Vector kernels need 16-byte aligned base pointers (XLA and cudaMalloc give 256).
   auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  const ConvEpilogue& e = io.epi;
   if (k != Kern::kGen && (!aligned(io.a) || !aligned(io.b) || !aligned(io.out) ||
-                          (io.workspace && !aligned(io.workspace)))) {
+                          (io.workspace && !aligned(io.workspace)) || !aligned(e.bias) ||
+                          !aligned(e.residual) || !aligned(e.preact))) {
     if (c.op == ConvOp::kBackwardFilter &&
         wgrad_plan(c, Kern::kGen).bytes > io.workspace_size)
       return "DIRECT: unaligned buffers and workspace too small for the generic kernel";

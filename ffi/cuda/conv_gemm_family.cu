@@ -53,6 +53,7 @@
 #include <string>
 
 #include "conv_cuda.h"
+#include "epilogue.cuh"
 #include "gemm_primitives.cuh"
 
 namespace jaxdnn::cuda {
@@ -78,6 +79,7 @@ struct Params {
   long long xsN, xsC, xsPix, ysN, ysC, ysPix, wsK, wsC, wsT, wsR, wsS;
   int Mmax, Ng, nphase, splits, ktps, tilesN;
   int analytic, vecA, vecB, out_dtype, use_table;
+  EpiDev epi;  // fused epilogue of a forward call (off otherwise), applied where y is written
 };
 
 // ---------------------------------------------------------------- geometry of one (op, phase)
@@ -894,6 +896,7 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
   const long long cstr = part ? 1 : out_col_stride<OP>(p);
   const int odt = part ? (sizeof(Acc) == 8 ? DT_F64 : DT_F32) : p.out_dtype;
   void* outp = part ? p.partial : p.out;
+  const bool epi = !part && p.epi.on;  // split-K applies it in splitk_reduce_kernel
   auto rowoff = [&](int m) -> long long {
     return part ? (pbase + m) * p.Ng : out_row_off<OP>(p, geo, m);
   };
@@ -942,9 +945,18 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
           const float* src = Cs + r * LDC + cc * 8;
           const float4 u0 = *reinterpret_cast<const float4*>(src + sw * 4);
           const float4 u1 = *reinterpret_cast<const float4*>(src + (sw ^ 1) * 4);
-          const float4 lo = sw ? u1 : u0, hi = sw ? u0 : u1;
-          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          float4 lo = sw ? u1 : u0, hi = sw ? u0 : u1;
+          float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
           const long long off = rowoff(m) + cbase + n0;
+          if (epi) {
+            if (n0 + 8 <= ncols) {
+              epi_apply_run<8>(p.epi, off, v);
+            } else {
+              for (int q = 0; n0 + q < ncols; ++q) v[q] = epi_apply<float>(p.epi, off + q, v[q]);
+            }
+            lo = make_float4(v[0], v[1], v[2], v[3]);
+            hi = make_float4(v[4], v[5], v[6], v[7]);
+          }
           if (vec_ok && (off & amask) == 0) {
             if (odt == DT_F32) {
               float4* d = reinterpret_cast<float4*>(static_cast<float*>(outp) + off);
@@ -985,9 +997,13 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
 #pragma unroll
         for (int j = 0; j < AN; ++j) {
           const int n = n_base + warp_n * WN + j * 8 + tq * 2;
-          const float v0 = accf[i][j][h * 2], v1 = accf[i][j][h * 2 + 1];
+          float v0 = accf[i][j][h * 2], v1 = accf[i][j][h * 2 + 1];
           if (n >= ncols) continue;
           const long long off = ro + n * cstr;
+          if (epi) {
+            v0 = epi_apply<float>(p.epi, off, v0);
+            if (n + 1 < ncols) v1 = epi_apply<float>(p.epi, off + cstr, v1);
+          }
           if (cstr == 1 && n + 1 < ncols && (off & 1) == 0) {
             st2<float>(outp, off, odt, v0, v1);
           } else {
@@ -1006,7 +1022,10 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
 #pragma unroll
       for (int j = 0; j < TN; ++j) {
         const int n = n_base + tx + j * SN;
-        if (n < ncols) st1<Acc>(outp, ro + n * cstr, odt, accs[i][j]);
+        if (n < ncols) {
+          const long long off = ro + n * cstr;
+          st1<Acc>(outp, off, odt, epi ? epi_apply<Acc>(p.epi, off, accs[i][j]) : accs[i][j]);
+        }
       }
     }
   }
@@ -1030,8 +1049,9 @@ __global__ void splitk_reduce_kernel(const Params p) {
     Acc s = 0;
     const Acc* src = part + (static_cast<long long>(zidx) * p.splits) * per + r;
     for (int k = 0; k < p.splits; ++k) s += src[k * per];
-    st1<Acc>(p.out, out_row_off<OP>(p, geo, m) + out_col_base<OP>(p, g) + n * out_col_stride<OP>(p),
-             p.out_dtype, s);
+    const long long off =
+        out_row_off<OP>(p, geo, m) + out_col_base<OP>(p, g) + n * out_col_stride<OP>(p);
+    st1<Acc>(p.out, off, p.out_dtype, p.epi.on ? epi_apply<Acc>(p.epi, off, s) : s);
   }
 }
 
@@ -1485,6 +1505,8 @@ std::string gemm_family_run(const CudaConvCall& c, const CudaConvBuffers& io) {
   if (!pl.err.empty()) return pl.err;
   if (std::string err; wgmma_fwd_try(c, io, &err)) return err;
   const ConvProblem& pb = c.problem;
+  if (pl.degenerate && c.op == ConvOp::kForward && !io.epi.empty())
+    return epi_fill(make_epi(io.epi, pb, c.out), io.out, pb.y_elems(), io.stream);
   if (pl.degenerate) {
     const long long n = c.op == ConvOp::kForward ? pb.y_elems()
                         : c.op == ConvOp::kBackwardData ? pb.x_elems() : pb.w_elems();
@@ -1501,6 +1523,7 @@ std::string gemm_family_run(const CudaConvCall& c, const CudaConvBuffers& io) {
   unsigned char* ws = static_cast<unsigned char*>(io.workspace);
   Params p = pl.prm;
   p.partial = pl.part_bytes ? ws + pl.part_off : nullptr;
+  if (c.op == ConvOp::kForward) p.epi = make_epi(io.epi, pb, c.out);
   const size_t in_bytes = dtype_bytes(c.in);
   std::string err;
   if (!pl.gemm_algo) {

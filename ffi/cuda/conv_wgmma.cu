@@ -24,6 +24,7 @@
 #include <string>
 
 #include "conv_cuda.h"
+#include "epilogue.cuh"
 #include "gemm_primitives.cuh"
 #include "wgmma_ops.cuh"
 
@@ -53,6 +54,7 @@ struct WgParams {
   int str[3], dil[3], pad[3];
   int M, ntap, Kred, tilesN;
   int out;  // 0: same 16-bit type as the input, 1: float32
+  EpiDev epi;  // fused epilogue (bias, residual, activation)
 };
 
 template <int BM, int BN>
@@ -241,9 +243,19 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     const int m = m_base + r;
     if (m >= p.M) break;
     const float* src = Cs + r * LDC + ec * 8;
-    const float4 lo = *reinterpret_cast<const float4*>(src);
-    const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+    float4 lo = *reinterpret_cast<const float4*>(src);
+    float4 hi = *reinterpret_cast<const float4*>(src + 4);
     const long long off = static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg + col;
+    if (p.epi.on) {
+      float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      if (full) {
+        epi_apply_run<8>(p.epi, off, v);
+      } else {
+        for (int q = 0; col + q < p.Kg; ++q) v[q] = epi_apply<float>(p.epi, off + q, v[q]);
+      }
+      lo = make_float4(v[0], v[1], v[2], v[3]);
+      hi = make_float4(v[4], v[5], v[6], v[7]);
+    }
     if (p.out) {
       float* d = static_cast<float*>(p.y) + off;
       if (full) {
@@ -381,6 +393,9 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
   p.ntap = static_cast<int>(pb.filt_taps());
   p.Kred = p.ntap * p.Cg;
   p.out = c.out == DType::kF32 ? 1 : 0;
+  p.epi = make_epi(io.epi, pb, c.out);
+  for (const void* q : {io.epi.bias, io.epi.residual, static_cast<const void*>(io.epi.preact)})
+    if ((reinterpret_cast<uintptr_t>(q) & 15) != 0) return false;  // the mma.sync kernel runs
 
   dim3 tb(32, 8), tg(static_cast<unsigned>((p.K + 31) / 32), static_cast<unsigned>((p.Kred + 31) / 32));
   transpose_filter_kernel<<<tg, tb, 0, io.stream>>>(static_cast<const unsigned short*>(io.b),

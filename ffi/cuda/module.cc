@@ -44,6 +44,8 @@ NB_MODULE(_jaxdnn_cuda, m) {
     d["jaxdnn_conv_fwd"] = ffi_capsule(cuda::ConvForward);
     d["jaxdnn_conv_bwd_data"] = ffi_capsule(cuda::ConvBackwardData);
     d["jaxdnn_conv_bwd_filter"] = ffi_capsule(cuda::ConvBackwardFilter);
+    d["jaxdnn_conv_fwd_fused"] = ffi_capsule(cuda::ConvForwardFused);
+    d["jaxdnn_bias_act_bwd"] = ffi_capsule(cuda::BiasActBackward);
     d["jaxdnn_max_pool_fwd"] = ffi_capsule(cuda::MaxPoolForward);
     d["jaxdnn_max_pool_gather"] = ffi_capsule(cuda::MaxPoolGather);
     d["jaxdnn_max_pool_scatter"] = ffi_capsule(cuda::MaxPoolScatter);
@@ -71,6 +73,33 @@ NB_MODULE(_jaxdnn_cuda, m) {
             make_call(op, algo, problem_from_dict(problem), in_dtype, out_dtype, precision));
       },
       "Workspace bytes the CUDA backend needs for (op, algo) on the problem (0 if unsupported).");
+  // Queries of the fused forward (jaxdnn_conv_fwd_fused): can_implement's and workspace_bytes's
+  // arguments without the operation.
+  m.def(
+      "can_implement_fused",
+      [](int algo, nb::dict problem, int in_dtype, int out_dtype, int precision) -> std::string {
+        if (std::string why = check_enums(0, algo, in_dtype, out_dtype, precision); !why.empty())
+          return why;
+        return cuda::can_implement_fused(
+            make_call(0, algo, problem_from_dict(problem), in_dtype, out_dtype, precision));
+      },
+      "Empty string when the CUDA backend can run the fused forward convolution (conv + bias + "
+      "residual + activation) with `algo` on the problem, else the reason.");
+  m.def(
+      "workspace_bytes_fused",
+      [](int algo, nb::dict problem, int in_dtype, int out_dtype, int precision) -> size_t {
+        if (!check_enums(0, algo, in_dtype, out_dtype, precision).empty()) return 0;
+        const cuda::CudaConvCall c =
+            make_call(0, algo, problem_from_dict(problem), in_dtype, out_dtype, precision);
+        return cuda::can_implement_fused(c).empty() ? cuda::workspace_bytes(c) : 0;
+      });
+  m.def(
+      "bias_act_workspace_bytes",
+      [](long long outer, long long k, long long inner, int dtype, bool reduce) -> size_t {
+        if (dtype < 0 || dtype > 3) return 0;
+        return cuda::bias_act_workspace_bytes(outer, k, inner, static_cast<DType>(dtype), reduce);
+      },
+      "Workspace bytes of jaxdnn_bias_act_bwd on an (outer, K, inner) view.");
   m.def("ffi_api_version", [] { return std::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   m.attr("built_jaxlib_version") = JAXDNN_BUILT_JAXLIB_VERSION;
   m.def(

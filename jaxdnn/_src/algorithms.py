@@ -99,33 +99,56 @@ def _query_args(op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry, batch: int, 
           dtype_id(in_dtype), dtype_id(out_dtype), int(precision))
 
 
+# Fused forward convolutions (conv + bias + residual + activation, target jaxdnn_conv_fwd_fused)
+# ask the extension's can_implement_fused / workspace_bytes_fused (can_implement's and
+# workspace_bytes's arguments without the operation). An extension built before it had those
+# queries is assumed to carry the epilogue in these families only, with the plain forward's
+# support and workspace.
+DEFAULT_EPILOGUE_FAMILIES = (ConvAlgo.IMPLICIT_GEMM, ConvAlgo.IMPLICIT_PRECOMP_GEMM,
+                             ConvAlgo.GEMM, ConvAlgo.DIRECT)
+
+
 def unsupported_reason(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
                        batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
-                       precision: MathPrecision) -> str:
-  """"" when `algo` can run on `platform` for this problem, else the reason."""
+                       precision: MathPrecision, *, fused: bool = False) -> str:
+  """"" when `algo` can run on `platform` for this problem, else the reason.
+
+  fused: the forward convolution with an epilogue (op must be FORWARD).
+  """
   module = ffi.extension(platform)
   if module is None:
     return f"jaxdnn has no {platform} kernels in this build"
-  return module.can_implement(*_query_args(op, algo, geometry, batch, channels, out_channels,
-                                           in_dtype, out_dtype, precision))
+  args = _query_args(op, algo, geometry, batch, channels, out_channels, in_dtype, out_dtype,
+                     precision)
+  if fused:
+    query = getattr(module, "can_implement_fused", None)
+    if query is not None:
+      return query(*args[1:])
+    if algo not in DEFAULT_EPILOGUE_FAMILIES:
+      return f"{algo.name} carries no fused epilogue on {platform}"
+  return module.can_implement(*args)
 
 
 def supported_algorithms(platform: str, op: ConvOp, geometry: ConvGeometry, batch: int,
                          channels: int, out_channels: int, in_dtype, out_dtype,
-                         precision: MathPrecision) -> list[ConvAlgo]:
+                         precision: MathPrecision, *, fused: bool = False) -> list[ConvAlgo]:
   return [
       algo for algo in ConvAlgo
       if not unsupported_reason(platform, op, algo, geometry, batch, channels, out_channels,
-                                in_dtype, out_dtype, precision)
+                                in_dtype, out_dtype, precision, fused=fused)
   ]
 
 
 def workspace_bytes(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
                     batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
-                    precision: MathPrecision) -> int:
+                    precision: MathPrecision, *, fused: bool = False) -> int:
   module = ffi.extension(platform)
-  return int(module.workspace_bytes(*_query_args(op, algo, geometry, batch, channels,
-                                                 out_channels, in_dtype, out_dtype, precision)))
+  args = _query_args(op, algo, geometry, batch, channels, out_channels, in_dtype, out_dtype,
+                     precision)
+  query = getattr(module, "workspace_bytes_fused", None) if fused else None
+  if query is not None:
+    return int(query(*args[1:]))
+  return int(module.workspace_bytes(*args))
 
 
 def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: int,
@@ -179,25 +202,29 @@ def _cpu_order(op, geometry, batch, cg, kg, taps, gemm_first, direct_first):
 
 def choose_algorithm(platform: str, op: ConvOp, requested: ConvAlgo | str,
                      geometry: ConvGeometry, batch: int, channels: int, out_channels: int,
-                     in_dtype, out_dtype, precision: MathPrecision) -> ConvAlgo:
+                     in_dtype, out_dtype, precision: MathPrecision, *,
+                     fused: bool = False) -> ConvAlgo:
   """The family to run: the requested one (checked), or the heuristic's pick for "auto".
 
   Never substitutes a family for an explicitly requested one: raises ValueError instead.
+  fused: the forward convolution with an epilogue; `auto` picks only families that carry it.
   """
   args = (geometry, batch, channels, out_channels, in_dtype, out_dtype, precision)
+  what = ("fused (conv + bias + residual + activation) forward" if fused
+          else op.name.lower().replace('_', '-'))
   if requested != AUTO:
-    why = unsupported_reason(platform, op, requested, *args)
+    why = unsupported_reason(platform, op, requested, *args, fused=fused)
     if why:
-      able = supported_algorithms(platform, op, *args)
+      able = supported_algorithms(platform, op, *args, fused=fused)
       raise ValueError(
-          f"algo={requested.name} cannot run the {op.name.lower().replace('_', '-')} "
+          f"algo={requested.name} cannot run the {what} "
           f"convolution on {platform}: {why}. Families that can: "
           f"{', '.join(a.name for a in able) or 'none'} (or algo='auto').")
     return requested
   for algo in _heuristic_order(platform, op, geometry, batch, channels, out_channels):
-    if not unsupported_reason(platform, op, algo, *args):
+    if not unsupported_reason(platform, op, algo, *args, fused=fused):
       return algo
-  able = supported_algorithms(platform, op, *args)
+  able = supported_algorithms(platform, op, *args, fused=fused)
   if able:
     return able[0]
-  raise ValueError(f"no jaxdnn algorithm supports this convolution on {platform}")
+  raise ValueError(f"no jaxdnn algorithm supports this {what} convolution on {platform}")

@@ -102,6 +102,24 @@ def _activate(activation, y):
   return y if fn is None else fn(y)
 
 
+def fusable_activation(activation) -> str | None:
+  """The jaxdnn.conv activation name of a named activation (fused into the convolution's kernel
+  pass), or None for no activation, "identity" and callables (which apply after the layer)."""
+  if not isinstance(activation, str):
+    return None
+  name = activation.strip().lower()
+  return None if name == "identity" else name
+
+
+def split_activation(activation) -> tuple[str | None, Callable | None]:
+  """(name fused into the convolution, callable applied after it) of a layer's `activation`."""
+  name = fusable_activation(activation)
+  if name is not None:
+    return name, None
+  fn = resolve_activation(activation)
+  return None, None if fn is _identity else fn
+
+
 @dataclasses.dataclass(frozen=True)
 class JaxdnnConvFn:
   """lax.conv_general_dilated's signature on jaxdnn.conv with a fixed algo.
@@ -122,6 +140,18 @@ class JaxdnnConvFn:
     return _conv(lhs, rhs, window_strides, padding, *args, algo=self.algo, **kwargs)
 
 
+def fused_conv_fn(algo, activation: str | None, get_bias: Callable):
+  """A conv function for flax's Conv.__call__ that also adds the bias (get_bias(lhs, rhs), or
+  None) and applies the named activation in jaxdnn's fused kernel pass. Used for one call, with
+  flax's own bias addition switched off."""
+  conv_fn = JaxdnnConvFn(algo)
+
+  def call(lhs, rhs, window_strides, padding, *args, **kwargs):
+    return conv_fn(lhs, rhs, window_strides, padding, *args, bias=get_bias(lhs, rhs),
+                   activation=activation, **kwargs)
+  return call
+
+
 # ---------------------------------------------------------------------------------------------
 # Linen Conv.
 
@@ -131,6 +161,9 @@ class Conv(_linen.Conv):
   All of flax.linen.Conv's fields and behaviour, plus:
     algo: the jaxdnn algorithm family (a jaxdnn.ConvAlgo, its name, or "auto").
     activation: None, a name in jaxdnn.nn.ACTIVATIONS, or a callable; applied after the bias.
+  The bias and a named activation are computed inside the convolution's kernel pass
+  (jaxdnn.conv's fused epilogue); a callable activation applies after the layer. Parameters
+  (created in flax's order, so the same keys give the same values) and results are flax's.
   `conv_general_dilated` (and `conv_general_dilated_cls`) are set by the module, not the user.
   """
 
@@ -150,7 +183,29 @@ class Conv(_linen.Conv):
 
   @_linen.compact
   def __call__(self, inputs):
-    return _activate(self.activation, super().__call__(inputs))
+    name, after = split_activation(self.activation)
+    if name is None and not self.use_bias:
+      y = super().__call__(inputs)
+      return y if after is None else after(y)
+
+    # flax.linen.Conv.__call__ runs with its bias addition off and a conv function that creates
+    # the bias parameter (after the kernel, where flax creates it) and fuses it. Linen modules
+    # are frozen dataclasses: the two fields are set for this call only (as intercept_convs).
+    def get_bias(lhs, rhs):
+      if not use_bias:
+        return None
+      bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+      return self.promote_dtype(lhs, rhs, bias, dtype=self.dtype)[2]
+
+    use_bias, conv_fn = self.use_bias, self.conv_general_dilated
+    object.__setattr__(self, "use_bias", False)
+    object.__setattr__(self, "conv_general_dilated", fused_conv_fn(self.algo, name, get_bias))
+    try:
+      y = super().__call__(inputs)
+    finally:
+      object.__setattr__(self, "use_bias", use_bias)
+      object.__setattr__(self, "conv_general_dilated", conv_fn)
+    return y if after is None else after(y)
 
 
 # ---------------------------------------------------------------------------------------------

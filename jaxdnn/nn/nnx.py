@@ -27,8 +27,8 @@ from jax import lax
 
 from jaxdnn._src import algorithms as _algorithms
 from jaxdnn._src.algorithms import ConvAlgo
-from jaxdnn.nn import (JaxdnnConvFn, _activate, apply_conv_transpose, kernel_size_tuple,
-                       resolve_activation, transpose_kernel_shape)
+from jaxdnn.nn import (JaxdnnConvFn, apply_conv_transpose, fused_conv_fn, kernel_size_tuple,
+                       resolve_activation, split_activation, transpose_kernel_shape)
 
 __all__ = ["Conv", "ConvTranspose", "use_jaxdnn"]
 
@@ -39,6 +39,8 @@ class Conv(_nnx.Conv):
   Takes flax.nnx.Conv's arguments (except conv_general_dilated, which the layer sets) plus:
     algo: the jaxdnn algorithm family (a jaxdnn.ConvAlgo, its name, or "auto").
     activation: None, a name in jaxdnn.nn.ACTIVATIONS, or a callable; applied after the bias.
+  The bias and a named activation are computed inside the convolution's kernel pass
+  (jaxdnn.conv's fused epilogue); a callable activation applies after the layer.
   """
 
   def __init__(self, in_features: int, out_features: int, kernel_size: int | Sequence[int],
@@ -54,7 +56,36 @@ class Conv(_nnx.Conv):
     self.activation = activation
 
   def __call__(self, inputs, out_sharding=None):
-    return _activate(self.activation, super().__call__(inputs, out_sharding=out_sharding))
+    name, after = split_activation(self.activation)
+    if name is None and self.bias is None:
+      y = super().__call__(inputs, out_sharding=out_sharding)
+      return y if after is None else after(y)
+    # flax.nnx.Conv.__call__ on a view of this layer whose bias addition is off and whose conv
+    # function adds the bias flax promoted (captured from its promote_dtype) and the named
+    # activation in the fused kernel pass. The layer itself is not modified.
+    promoted = []
+
+    def promote(args, **kwargs):
+      out = self.promote_dtype(args, **kwargs)
+      promoted.append(out[2])
+      return out
+
+    view = _Overlay(self, use_bias=False, promote_dtype=promote,
+                    conv_general_dilated=fused_conv_fn(self.algo, name,
+                                                       lambda lhs, rhs: promoted[-1]))
+    y = _nnx.Conv.__call__(view, inputs, out_sharding=out_sharding)
+    return y if after is None else after(y)
+
+
+class _Overlay:
+  """Attribute view of an object with some attributes replaced (read-only)."""
+
+  def __init__(self, base, **overrides):
+    self.__dict__.update(overrides)
+    self.__dict__["_base"] = base
+
+  def __getattr__(self, name):
+    return getattr(self.__dict__["_base"], name)
 
 
 class ConvTranspose(_nnx.Module):
@@ -67,6 +98,8 @@ class ConvTranspose(_nnx.Module):
       with 'CIRCULAR' padding.
     algo: the jaxdnn algorithm family (a jaxdnn.ConvAlgo, its name, or "auto").
     activation: None, a name in jaxdnn.nn.ACTIVATIONS, or a callable; applied after the bias.
+  The bias and a named activation are computed inside the convolution's kernel pass
+  (jaxdnn.conv's fused epilogue); a callable activation applies after the layer.
   """
 
   def __init__(self, in_features: int, out_features: int, kernel_size: int | Sequence[int],

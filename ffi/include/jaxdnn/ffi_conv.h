@@ -9,10 +9,38 @@
 //     in_spatial, filter_spatial, stride, rhs_dilation, lhs_dilation, pad_lo, pad_hi:
 //       i64 arrays, one entry per spatial dimension (1 to 3)
 // Batch and channel counts are read from the buffers and checked against each other.
+//
+// Fused forward, target jaxdnn_conv_fwd_fused (the same name on every platform):
+//   y = act(z),  z = conv(x, w) + bias[k] + residual[n, ..., k]      (conv_problem.h ConvEpilogue)
+//   operands: x, w, bias, residual
+//     bias:     [K] in the result's dtype, or a zero-element array (shape (0,)) when absent;
+//     residual: the result's shape and dtype, or a zero-element array (shape (0,)) when absent.
+//   results:  out, preact, workspace
+//     preact:   the result's shape and dtype when the kernel must also store z (the backward of
+//               activations whose derivative needs the input: gelu, gelu_tanh, silu), else a
+//               zero-element array (shape (0,)); it is never read.
+//     workspace: u8, sized at trace time by the backend's workspace_bytes_fused query.
+//   attributes: the dictionary above plus
+//     activation: i32 (jaxdnn::Activation, activation.h)   activation_param: f64
+// A zero-element bias / residual / preact means absent: K > 0 always, and a present residual or
+// preact has the result's rank (>= 3). Presence is therefore read from the buffers alone.
+//
+// Backward of the epilogue's activation with the bias gradient, target jaxdnn_bias_act_bwd:
+//   t'[o, k, i] = t[o, k, i] + tb[k],  dz = t' * f'(s),  db[k] = sum over (o, i) of dz[o, k, i]
+//   operands: t (outer, K, inner), tb ([K], or shape (0,) when absent), s (outer, K, inner)
+//   results:  dz (outer, K, inner), db ([K], or shape (0,) when not wanted), workspace (u8, sized
+//             at trace time by the backend's bias_act_workspace_bytes: the GPU's bias-gradient
+//             partials; empty on the CPU)
+//   attributes: activation: i32, activation_param: f64
+// s is the activation's output when activation_grad_from_output(kind), else its input (the
+// preact z of the fused forward). One dtype for all (f32, f64, bf16, f16); 16-bit values are
+// computed in float32 and dz, db rounded once. A channels-last tensor is passed as
+// (pixels, K, 1), a channels-first one as (N, K, pixels).
 #ifndef JAXDNN_FFI_CONV_H_
 #define JAXDNN_FFI_CONV_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -181,6 +209,132 @@ inline ffi::Error decode_conv_call(ConvOp op, const ffi::AnyBuffer& a, const ffi
     return invalid("operands must both be float32, float64, bfloat16 or float16");
   if (!to_dtype(out.element_type(), &dec->out_dtype))
     return invalid("result must be float32, float64, bfloat16 or float16");
+  return ffi::Error::Success();
+}
+
+// Appends what the fused forward handler binds after its platform context (if any): operands
+// x, w, bias, residual; results out, preact, workspace; the attribute dictionary.
+template <typename Binding>
+auto bind_conv_fused_call(Binding&& binding) {
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attrs<ffi::Dictionary>();
+}
+
+namespace internal {
+
+inline bool same_dims(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+}  // namespace internal
+
+// Decodes and validates one fused forward call: the convolution as decode_conv_call(kForward),
+// then the epilogue operands, the preact result and the activation attributes. On success fills
+// `dec` and `epi` (null pointers for absent operands).
+inline ffi::Error decode_conv_fused_call(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
+                                         const ffi::AnyBuffer& bias,
+                                         const ffi::AnyBuffer& residual,
+                                         const ffi::AnyBuffer& out, const ffi::AnyBuffer& preact,
+                                         const ffi::Dictionary& attrs, DecodedConv* dec,
+                                         ConvEpilogue* epi) {
+  using internal::invalid;
+  if (auto e = decode_conv_call(ConvOp::kForward, x, w, out, attrs, dec); !e.success()) return e;
+  int32_t act = 0;
+  double param = 0.0;
+  if (auto e = internal::get_attr(attrs, "activation", &act); !e.success()) return e;
+  if (auto e = internal::get_attr(attrs, "activation_param", &param); !e.success()) return e;
+  if (act < 0 || act >= kNumActivations) return invalid("unknown activation id");
+  *epi = ConvEpilogue{};
+  epi->activation = static_cast<Activation>(act);
+  epi->param = param;
+  const ffi::DataType out_type = out.element_type();
+  if (bias.element_count() > 0) {
+    if (bias.dimensions().size() != 1 || bias.dimensions()[0] != dec->problem.K)
+      return invalid("bias must have shape [K] (the output channel count)");
+    if (bias.element_type() != out_type) return invalid("bias must have the result's dtype");
+    epi->bias = bias.untyped_data();
+  }
+  if (residual.element_count() > 0) {
+    if (!internal::same_dims(residual.dimensions(), out.dimensions()))
+      return invalid("residual must have the result's shape");
+    if (residual.element_type() != out_type)
+      return invalid("residual must have the result's dtype");
+    epi->residual = residual.untyped_data();
+  }
+  if (preact.element_count() > 0) {
+    if (!internal::same_dims(preact.dimensions(), out.dimensions()))
+      return invalid("preact must have the result's shape");
+    if (preact.element_type() != out_type) return invalid("preact must have the result's dtype");
+    epi->preact = preact.untyped_data();
+  }
+  return ffi::Error::Success();
+}
+
+// Appends what the jaxdnn_bias_act_bwd handler binds after its platform context (if any).
+template <typename Binding>
+auto bind_bias_act_call(Binding&& binding) {
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attrs<ffi::Dictionary>();
+}
+
+struct DecodedBiasAct {
+  int64_t outer = 0, K = 0, inner = 0;
+  Activation activation = Activation::kIdentity;
+  double param = 0.0;
+  DType dtype = DType::kF32;
+  bool has_tb = false, has_db = false;
+};
+
+// Decodes and validates one jaxdnn_bias_act_bwd call.
+inline ffi::Error decode_bias_act_call(const ffi::AnyBuffer& t, const ffi::AnyBuffer& tb,
+                                       const ffi::AnyBuffer& s, const ffi::AnyBuffer& dz,
+                                       const ffi::AnyBuffer& db, const ffi::Dictionary& attrs,
+                                       DecodedBiasAct* dec) {
+  auto invalid = [](const std::string& msg) {
+    return ffi::Error::InvalidArgument("jaxdnn bias/activation backward: " + msg);
+  };
+  auto act = attrs.get<int32_t>("activation");
+  auto param = attrs.get<double>("activation_param");
+  if (act.has_error() || param.has_error())
+    return invalid("missing or mistyped attribute 'activation' or 'activation_param'");
+  if (*act < 0 || *act >= kNumActivations) return invalid("unknown activation id");
+  dec->activation = static_cast<Activation>(*act);
+  dec->param = *param;
+  if (t.dimensions().size() != 3) return invalid("t must have rank 3 (outer, K, inner)");
+  if (!internal::same_dims(s.dimensions(), t.dimensions()) ||
+      !internal::same_dims(dz.dimensions(), t.dimensions()))
+    return invalid("t, s and dz must have one shape");
+  dec->outer = t.dimensions()[0];
+  dec->K = t.dimensions()[1];
+  dec->inner = t.dimensions()[2];
+  if (!to_dtype(t.element_type(), &dec->dtype))
+    return invalid("operands must be float32, float64, bfloat16 or float16");
+  for (const ffi::AnyBuffer* b : {&tb, &s, &dz, &db})
+    if (b->element_type() != t.element_type())
+      return invalid("operands and results must share one dtype");
+  auto vector_k = [&](const ffi::AnyBuffer& b) {
+    return b.dimensions().size() == 1 && b.dimensions()[0] == dec->K;
+  };
+  dec->has_tb = tb.element_count() > 0 || (dec->K == 0 && vector_k(tb));
+  dec->has_db = db.element_count() > 0 || (dec->K == 0 && vector_k(db));
+  if (dec->has_tb && !vector_k(tb)) return invalid("tb must have shape [K]");
+  if (dec->has_db && !vector_k(db)) return invalid("db must have shape [K]");
   return ffi::Error::Success();
 }
 

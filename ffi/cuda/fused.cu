@@ -1,0 +1,287 @@
+// Fused convolution on the GPU: the jaxdnn_conv_fwd_fused handler (the conv families carry the
+// epilogue in their kernels, epilogue.cuh) and jaxdnn_bias_act_bwd, the backward of the epilogue's
+// activation with the bias gradient in one pass over the data (contracts in ffi_conv.h).
+#ifdef __NVCC__
+#pragma nv_diag_suppress 940
+#pragma nv_diag_suppress 2473
+#endif
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <exception>
+#include <string>
+
+#include "conv_cuda.h"
+#include "epilogue.cuh"
+#include "handlers.h"
+#include "jaxdnn/ffi_conv.h"
+
+namespace jaxdnn::cuda {
+
+std::string can_implement_fused(const CudaConvCall& c) {
+  switch (c.algo) {
+    case ConvAlgo::kImplicitGemm:
+    case ConvAlgo::kImplicitPrecompGemm:
+    case ConvAlgo::kGemm:
+    case ConvAlgo::kDirect:
+      return can_implement(c);
+    default:
+      return std::string(conv_algo_name(c.algo)) + " has no CUDA kernel carrying a fused epilogue";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// jaxdnn_bias_act_bwd: dz = (t + tb[k]) * f'(s), db[k] = sum of dz over (outer, inner).
+// Pass 1 writes dz and, when db is wanted, one partial sum per (slice, k) into the workspace
+// (slices depend on the shape only); pass 2 adds the slices in order: deterministic results.
+namespace {
+
+constexpr int kBabTargetBlocks = 2048;
+
+struct BabShape {
+  long long outer, K, inner;
+  int slices;      // row slices of the reduction
+  long long rows;  // outer rows (inner == 1) or outer images (inner > 1) per slice
+};
+
+BabShape bab_shape(long long outer, long long K, long long inner) {
+  BabShape b{outer, K, inner, 1, outer};
+  if (outer <= 0 || K <= 0) return b;
+  const long long kblocks = inner == 1 ? (K + 31) / 32 : K;
+  long long slices = std::max<long long>(1, kBabTargetBlocks / kblocks);
+  slices = std::min(slices, inner == 1 ? (outer + 63) / 64 : outer);
+  slices = std::max<long long>(1, std::min<long long>(slices, 65535));
+  b.rows = (outer + slices - 1) / slices;
+  b.slices = static_cast<int>((outer + b.rows - 1) / b.rows);
+  return b;
+}
+
+template <class T> struct BabAcc { using type = float; };
+template <> struct BabAcc<double> { using type = double; };
+
+template <class T> __device__ __forceinline__ float to_acc(T v) { return static_cast<float>(v); }
+template <> __device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+template <class T, class A> __device__ __forceinline__ T from_acc(A v) { return static_cast<T>(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_acc(float v) { return __float2half_rn(v); }
+
+struct BabArgs {
+  long long outer, K, inner, rows;
+  int act;
+  double param;
+  bool from_output;  // s is the activation's output
+};
+
+template <class A>
+__device__ __forceinline__ A bab_grad(const BabArgs& a, A s) {
+  const Activation act = static_cast<Activation>(a.act);
+  return a.from_output ? activation_grad_from_output<A>(act, s, static_cast<A>(a.param))
+                       : activation_grad_from_input<A>(act, s, static_cast<A>(a.param));
+}
+
+// Channels-last view (outer rows x K): block = 32 channels x 8 row lanes of one row slice.
+template <class T>
+__global__ void __launch_bounds__(256) bab_rows_kernel(const T* __restrict__ t,
+                                                       const T* __restrict__ tb,
+                                                       const T* __restrict__ s, T* __restrict__ dz,
+                                                       typename BabAcc<T>::type* __restrict__ part,
+                                                       BabArgs a) {
+  using A = typename BabAcc<T>::type;
+  __shared__ A red[8][33];
+  const long long k = blockIdx.y * 32LL + threadIdx.x;
+  const long long r0 = blockIdx.x * a.rows, r1 = min(a.outer, r0 + a.rows);
+  A sum = 0;
+  if (k < a.K) {
+    const A bias = tb ? to_acc(tb[k]) : A(0);
+    for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
+      const long long i = r * a.K + k;
+      const A v = (to_acc(t[i]) + bias) * bab_grad<A>(a, to_acc(s[i]));
+      dz[i] = from_acc<T>(v);
+      sum += v;
+    }
+  }
+  if (part == nullptr) return;
+  red[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && k < a.K) {
+    A tot = 0;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) tot += red[y][threadIdx.x];
+    part[blockIdx.x * a.K + k] = tot;
+  }
+}
+
+// Channels-first view (outer x K x inner): block = one channel k of a slice of images, threads
+// along the contiguous inner run.
+template <class T>
+__global__ void __launch_bounds__(256) bab_planes_kernel(const T* __restrict__ t,
+                                                         const T* __restrict__ tb,
+                                                         const T* __restrict__ s,
+                                                         T* __restrict__ dz,
+                                                         typename BabAcc<T>::type* __restrict__ part,
+                                                         BabArgs a) {
+  using A = typename BabAcc<T>::type;
+  __shared__ A red[256];
+  const long long k = blockIdx.y;
+  const long long o0 = blockIdx.x * a.rows, o1 = min(a.outer, o0 + a.rows);
+  const A bias = tb ? to_acc(tb[k]) : A(0);
+  A sum = 0;
+  for (long long o = o0; o < o1; ++o) {
+    const long long base = (o * a.K + k) * a.inner;
+    for (long long j = threadIdx.x; j < a.inner; j += blockDim.x) {
+      const A v = (to_acc(t[base + j]) + bias) * bab_grad<A>(a, to_acc(s[base + j]));
+      dz[base + j] = from_acc<T>(v);
+      sum += v;
+    }
+  }
+  if (part == nullptr) return;
+  red[threadIdx.x] = sum;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[blockIdx.x * a.K + k] = red[0];
+}
+
+template <class T>
+__global__ void bab_colsum_kernel(const typename BabAcc<T>::type* __restrict__ part, int slices,
+                                  long long K, T* __restrict__ db) {
+  using A = typename BabAcc<T>::type;
+  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < K;
+       k += (long long)gridDim.x * blockDim.x) {
+    A tot = 0;
+    for (int sl = 0; sl < slices; ++sl) tot += part[sl * K + k];
+    db[k] = from_acc<T>(tot);
+  }
+}
+
+template <class T>
+std::string run_bab(const DecodedBiasAct& d, const void* t, const void* tb, const void* s,
+                    void* dz, void* db, void* ws, size_t ws_size, cudaStream_t st) {
+  using A = typename BabAcc<T>::type;
+  const BabShape sh = bab_shape(d.outer, d.K, d.inner);
+  if (d.outer * d.K * d.inner == 0) {
+    if (db && d.K > 0 && cudaMemsetAsync(db, 0, d.K * sizeof(T), st) != cudaSuccess)
+      return "memset of db failed";
+    return "";
+  }
+  A* part = nullptr;
+  if (db) {
+    if (ws_size < bias_act_workspace_bytes(d.outer, d.K, d.inner, d.dtype, true))
+      return "workspace too small for the bias gradient";
+    part = static_cast<A*>(ws);
+  }
+  BabArgs a{d.outer, d.K, d.inner, sh.rows, static_cast<int>(d.activation), d.param,
+            activation_grad_from_output(d.activation)};
+  if (d.inner == 1) {
+    dim3 grid(sh.slices, static_cast<unsigned>((d.K + 31) / 32));
+    bab_rows_kernel<T><<<grid, dim3(32, 8), 0, st>>>(
+        static_cast<const T*>(t), static_cast<const T*>(tb), static_cast<const T*>(s),
+        static_cast<T*>(dz), part, a);
+  } else {
+    if (d.K > 65535) return "too many channels for the channels-first kernel";
+    dim3 grid(sh.slices, static_cast<unsigned>(d.K));
+    bab_planes_kernel<T><<<grid, 256, 0, st>>>(static_cast<const T*>(t), static_cast<const T*>(tb),
+                                               static_cast<const T*>(s), static_cast<T*>(dz), part,
+                                               a);
+  }
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return std::string("bias/activation kernel launch: ") + cudaGetErrorString(e);
+  if (db) {
+    const int blocks = static_cast<int>(std::min<long long>((d.K + 255) / 256, 4096));
+    bab_colsum_kernel<T><<<blocks, 256, 0, st>>>(part, sh.slices, d.K, static_cast<T*>(db));
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return std::string("bias gradient launch: ") + cudaGetErrorString(e);
+  }
+  return "";
+}
+
+ffi::Error fused_conv_impl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                           ffi::AnyBuffer bias, ffi::AnyBuffer residual,
+                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> preact,
+                           ffi::Result<ffi::AnyBuffer> workspace, ffi::Dictionary attrs) {
+  try {
+    DecodedConv dec;
+    ConvEpilogue epi;
+    if (auto err = decode_conv_fused_call(x, w, bias, residual, *out, *preact, attrs, &dec, &epi);
+        !err.success())
+      return err;
+    CudaConvCall call{ConvOp::kForward, dec.algo, dec.problem, dec.in_dtype, dec.out_dtype,
+                      dec.precision};
+    if (std::string why = can_implement_fused(call); !why.empty())
+      return ffi::Error::InvalidArgument(std::string("jaxdnn fused convolution (") +
+                                         conv_algo_name(dec.algo) + "): " + why);
+    CudaConvBuffers io{x.untyped_data(), w.untyped_data(), out->untyped_data(),
+                       workspace->untyped_data(), workspace->size_bytes(), stream, epi};
+    if (std::string err = run_conv(call, io); !err.empty())
+      return ffi::Error::Internal(std::string("jaxdnn fused convolution (") +
+                                  conv_algo_name(dec.algo) + "): " + err);
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxdnn fused convolution: unexpected exception: ") +
+                                e.what());
+  } catch (...) {
+    return ffi::Error::Internal("jaxdnn fused convolution: unexpected exception");
+  }
+}
+
+ffi::Error bias_act_impl(cudaStream_t stream, ffi::AnyBuffer t, ffi::AnyBuffer tb,
+                         ffi::AnyBuffer s, ffi::Result<ffi::AnyBuffer> dz,
+                         ffi::Result<ffi::AnyBuffer> db, ffi::Result<ffi::AnyBuffer> workspace,
+                         ffi::Dictionary attrs) {
+  try {
+    DecodedBiasAct d;
+    if (auto err = decode_bias_act_call(t, tb, s, *dz, *db, attrs, &d); !err.success()) return err;
+    const void* tbp = d.has_tb ? tb.untyped_data() : nullptr;
+    void* dbp = d.has_db ? db->untyped_data() : nullptr;
+    std::string err;
+    switch (d.dtype) {
+      case DType::kF32:
+        err = run_bab<float>(d, t.untyped_data(), tbp, s.untyped_data(), dz->untyped_data(), dbp,
+                             workspace->untyped_data(), workspace->size_bytes(), stream);
+        break;
+      case DType::kF64:
+        err = run_bab<double>(d, t.untyped_data(), tbp, s.untyped_data(), dz->untyped_data(), dbp,
+                              workspace->untyped_data(), workspace->size_bytes(), stream);
+        break;
+      case DType::kBF16:
+        err = run_bab<__nv_bfloat16>(d, t.untyped_data(), tbp, s.untyped_data(),
+                                     dz->untyped_data(), dbp, workspace->untyped_data(),
+                                     workspace->size_bytes(), stream);
+        break;
+      case DType::kF16:
+        err = run_bab<__half>(d, t.untyped_data(), tbp, s.untyped_data(), dz->untyped_data(), dbp,
+                              workspace->untyped_data(), workspace->size_bytes(), stream);
+        break;
+    }
+    if (!err.empty()) return ffi::Error::Internal("jaxdnn bias/activation backward: " + err);
+    return ffi::Error::Success();
+  } catch (...) {
+    return ffi::Error::Internal("jaxdnn bias/activation backward: unexpected exception");
+  }
+}
+
+}  // namespace
+
+size_t bias_act_workspace_bytes(long long outer, long long K, long long inner, DType dtype,
+                                bool reduce) {
+  if (!reduce || outer <= 0 || K <= 0 || inner <= 0) return 0;
+  const BabShape sh = bab_shape(outer, K, inner);
+  return static_cast<size_t>(sh.slices) * static_cast<size_t>(K) * (dtype == DType::kF64 ? 8 : 4);
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvForwardFused, fused_conv_impl,
+                              bind_conv_fused_call(
+                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BiasActBackward, bias_act_impl,
+                              bind_bias_act_call(
+                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+}  // namespace jaxdnn::cuda
