@@ -1,7 +1,7 @@
 """Fused conv + bias + relu (+ residual) against the same family's plain conv, and forward plus
 backward of the fused op against the unfused jaxdnn sequence (conv, then jnp bias / relu).
 
-Per layer of layers-cpu.txt (NHWC, float32, the family `auto` picks for the fused op, or
+Per layer of layers-cpu.txt (NHWC, float32; on a GPU layers-gpu.txt in bfloat16; the family `auto` picks for the fused op, or
 --algo): K independent applications (distinct random inputs) inside one jitted function that
 returns every output; median over repeats of the call time, divided by K (jaxdnn.bench.time_call).
 The variants are measured interleaved, --rounds times, and each keeps its best median: on a
@@ -63,8 +63,9 @@ def _fwd_bwd(fn, with_residual):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--layers", default=os.path.join(os.path.dirname(__file__),
-                                                       "layers-cpu.txt"))
+  parser.add_argument("--layers", default=None,
+                      help="layer file (default: layers-cpu.txt, or layers-gpu.txt on a GPU)")
+  parser.add_argument("--dtype", default=None, help="default: float32 on cpu, bfloat16 on gpu")
   parser.add_argument("--only", default=",".join(DEFAULT_LAYERS))
   parser.add_argument("--algo", default="auto")
   parser.add_argument("--k", type=int, default=2)
@@ -72,12 +73,16 @@ def main():
   parser.add_argument("--budget", type=float, default=4.0, help="seconds per measurement")
   parser.add_argument("--rounds", type=int, default=3)
   args = parser.parse_args()
+  gpu = jax.default_backend() == "gpu"
+  platform = "cuda" if gpu else "cpu"
+  layers_file = args.layers or os.path.join(os.path.dirname(__file__),
+                                            "layers-gpu.txt" if gpu else "layers-cpu.txt")
   keep = set(args.only.split(","))
-  layers = [L for L in read_layers(args.layers) if L["name"] in keep]
-  dtype = np.dtype(np.float32)
+  layers = [L for L in read_layers(layers_file) if L["name"] in keep]
+  dtype = np.dtype(args.dtype or ("bfloat16" if gpu else "float32"))
   rng = np.random.default_rng(0)
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} host cores, "
-        f"jaxdnn threads {jaxdnn._src.ffi.load_cpu_extension().num_threads()}, float32 NHWC, "
+        f"jaxdnn threads {jaxdnn._src.ffi.load_cpu_extension().num_threads()}, {dtype} NHWC, "
         f"K={args.k}, best of {args.rounds} interleaved rounds of a median of up to "
         f"{args.repeats}, load average {os.getloadavg()[0]:.1f}")
   print("| layer | family | plain ms | fused ms | fused/plain | fused+res ms | fused+res/plain "
@@ -89,7 +94,7 @@ def main():
     g = layer_geometry(L)
     algo = algorithms.parse_algo(args.algo)
     if algo == "auto":
-      algo = algorithms.choose_algorithm("cpu", ConvOp.FORWARD, "auto", g, L["N"], L["C"],
+      algo = algorithms.choose_algorithm(platform, ConvOp.FORWARD, "auto", g, L["N"], L["C"],
                                          L["K"], dtype, dtype, jaxdnn.MathPrecision.DEFAULT,
                                          fused=True)
     k = args.k
