@@ -1,0 +1,350 @@
+// CPU softmax and log_softmax, forward and backward, on [outer, n, inner] views
+// (pointwise_problem.h).
+//
+// inner == 1 (the reduced axis is the last one, or all trailing axes are reduced): contiguous rows
+// of n elements, three passes per row (max; sum of exp(x - m); normalize). Reductions keep 16
+// partial accumulators so that they vectorize; they are combined in a fixed order, so results do
+// not depend on the thread count. Rows are split across the thread pool.
+// inner > 1: each task owns a block of up to kCols columns of one [n, inner] slab and runs the
+// same three passes down the rows, with one accumulator per column (the inner loops run along the
+// contiguous inner dimension).
+//
+// NaN and inf behave as in jax.nn: x - m is NaN where x and the row maximum m are infinities of
+// one sign (a row of all -inf, or any +inf in the row), and a NaN anywhere in a row makes the
+// row's sum, hence its whole output, NaN; -inf entries of an otherwise finite row give 0
+// (softmax) and -inf (log_softmax).
+//
+// float32 softmax stores exp(x - m) into y in the second pass and rescales it in the third;
+// 16-bit types recompute exp in the third pass (their float32 values live only in stack blocks).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "f16_convert.h"
+#include "float16.h"
+#include "parallel.h"
+#include "pointwise_cpu.h"
+#include "vec_math.h"
+
+namespace jaxdnn::cpu {
+namespace {
+
+using f16::BF16;
+using f16::F16;
+
+template <typename C>
+using MathOf = std::conditional_t<std::is_same_v<C, float>, VecMathF, StdMath>;
+
+constexpr int kLanes = 16;      // partial accumulators of a contiguous reduction
+constexpr int64_t kBlock = 512; // 16-bit types: elements converted per float32 block
+constexpr int64_t kCols = 256;  // strided case: columns per task
+constexpr int64_t kMinTaskElems = 1 << 15;
+
+template <typename C>
+constexpr C kNegInf = -std::numeric_limits<C>::infinity();
+
+// Calls f(block, offset, len) over src[0, n) in blocks of compute-type values (16-bit values are
+// converted into a stack buffer; float32 and float64 are read in place).
+template <typename S, typename F>
+inline void for_blocks(const S* src, int64_t n, F&& f) {
+  if constexpr (std::is_same_v<S, f16::Compute<S>>) {
+    f(src, int64_t{0}, n);
+  } else {
+    alignas(64) float buf[kBlock];
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t len = std::min(kBlock, n - b);
+      f16::to_float(src + b, buf, len);
+      f(static_cast<const float*>(buf), b, len);
+    }
+  }
+}
+
+template <typename S, typename F>
+inline void for_blocks2(const S* a, const S* b, int64_t n, F&& f) {
+  if constexpr (std::is_same_v<S, f16::Compute<S>>) {
+    f(a, b, int64_t{0}, n);
+  } else {
+    alignas(64) float ba[kBlock], bb[kBlock];
+    for (int64_t o = 0; o < n; o += kBlock) {
+      const int64_t len = std::min(kBlock, n - o);
+      f16::to_float(a + o, ba, len);
+      f16::to_float(b + o, bb, len);
+      f(static_cast<const float*>(ba), static_cast<const float*>(bb), o, len);
+    }
+  }
+}
+
+// Writes len computed values: fn(ob) fills ob[0, len), which is dst itself for float32/float64
+// and a stack buffer (then rounded into dst) for the 16-bit types.
+template <typename S, typename F>
+inline void emit(S* dst, int64_t len, F&& fn) {
+  if constexpr (std::is_same_v<S, f16::Compute<S>>) {
+    fn(dst);
+  } else {
+    alignas(64) float ob[kBlock];
+    fn(static_cast<float*>(ob));
+    f16::from_float(ob, dst, len);
+  }
+}
+
+template <typename C>
+inline C combine_max(const C (&acc)[kLanes]) {
+  C m = acc[0];
+  for (int j = 1; j < kLanes; ++j) m = acc[j] > m ? acc[j] : m;
+  return m;
+}
+
+template <typename C>
+inline C combine_sum(const C (&acc)[kLanes]) {
+  C s = 0;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
+}
+
+// acc[j] = max(acc[j], b[i]) for i = j mod kLanes.
+template <typename C>
+inline void lane_max(const C* __restrict b, int64_t len, C (&acc)[kLanes]) {
+  int64_t i = 0;
+  for (; i + kLanes <= len; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] = b[i + j] > acc[j] ? b[i + j] : acc[j];
+  for (int j = 0; i + j < len; ++j) acc[j] = b[i + j] > acc[j] ? b[i + j] : acc[j];
+}
+
+// ------------------------------------------------------------------------------------------
+// Forward.
+
+template <typename S, bool kLog>
+void forward_row(const S* x, S* y, int64_t n) {
+  using C = f16::Compute<S>;
+  using M = MathOf<C>;
+  C accm[kLanes];
+  std::fill(accm, accm + kLanes, kNegInf<C>);
+  for_blocks(x, n, [&](const C* b, int64_t, int64_t len) { lane_max(b, len, accm); });
+  const C m = combine_max(accm);
+
+  C accs[kLanes] = {};
+  constexpr bool kStoreExp = !kLog && std::is_same_v<S, C>;
+  for_blocks(x, n, [&](const C* __restrict b, int64_t off, int64_t len) {
+    C* __restrict e = nullptr;
+    if constexpr (kStoreExp) e = reinterpret_cast<C*>(y) + off;
+    int64_t i = 0;
+    for (; i + kLanes <= len; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) {
+        const C v = M::exp(b[i + j] - m);
+        if constexpr (kStoreExp) e[i + j] = v;
+        accs[j] += v;
+      }
+    for (int j = 0; i + j < len; ++j) {
+      const C v = M::exp(b[i + j] - m);
+      if constexpr (kStoreExp) e[i + j] = v;
+      accs[j] += v;
+    }
+  });
+  const C sum = combine_sum(accs);
+
+  if constexpr (kStoreExp) {
+    C* __restrict e = reinterpret_cast<C*>(y);
+    const C inv = C(1) / sum;
+    for (int64_t i = 0; i < n; ++i) e[i] *= inv;
+  } else if constexpr (kLog) {
+    using std::log;
+    const C lse = log(sum);
+    for_blocks(x, n, [&](const C* __restrict b, int64_t off, int64_t len) {
+      emit(y + off, len, [&](C* __restrict o) {
+        for (int64_t i = 0; i < len; ++i) o[i] = (b[i] - m) - lse;
+      });
+    });
+  } else {
+    const C inv = C(1) / sum;
+    for_blocks(x, n, [&](const C* __restrict b, int64_t off, int64_t len) {
+      emit(y + off, len, [&](C* __restrict o) {
+        for (int64_t i = 0; i < len; ++i) o[i] = M::exp(b[i] - m) * inv;
+      });
+    });
+  }
+}
+
+// Columns [c0, c0 + w) of one [n, inner] slab.
+template <typename S, bool kLog>
+void forward_cols(const S* x, S* y, int64_t n, int64_t inner, int64_t w) {
+  using C = f16::Compute<S>;
+  using M = MathOf<C>;
+  C m[kCols], s[kCols];
+  std::fill(m, m + w, kNegInf<C>);
+  std::fill(s, s + w, C(0));
+  for (int64_t r = 0; r < n; ++r)
+    for_blocks(x + r * inner, w, [&](const C* __restrict b, int64_t off, int64_t len) {
+      for (int64_t j = 0; j < len; ++j) m[off + j] = b[j] > m[off + j] ? b[j] : m[off + j];
+    });
+  constexpr bool kStoreExp = !kLog && std::is_same_v<S, C>;
+  for (int64_t r = 0; r < n; ++r)
+    for_blocks(x + r * inner, w, [&](const C* __restrict b, int64_t off, int64_t len) {
+      for (int64_t j = 0; j < len; ++j) {
+        const C v = M::exp(b[j] - m[off + j]);
+        if constexpr (kStoreExp) reinterpret_cast<C*>(y)[r * inner + off + j] = v;
+        s[off + j] += v;
+      }
+    });
+  if constexpr (kLog) {
+    using std::log;
+    for (int64_t j = 0; j < w; ++j) s[j] = log(s[j]);  // now the shifted log-sum-exp
+  } else {
+    for (int64_t j = 0; j < w; ++j) s[j] = C(1) / s[j];  // now the reciprocal sum
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    if constexpr (kStoreExp) {
+      C* __restrict e = reinterpret_cast<C*>(y) + r * inner;
+      for (int64_t j = 0; j < w; ++j) e[j] *= s[j];
+    } else {
+      for_blocks(x + r * inner, w, [&](const C* __restrict b, int64_t off, int64_t len) {
+        emit(y + r * inner + off, len, [&](C* __restrict o) {
+          for (int64_t j = 0; j < len; ++j) {
+            if constexpr (kLog)
+              o[j] = (b[j] - m[off + j]) - s[off + j];
+            else
+              o[j] = M::exp(b[j] - m[off + j]) * s[off + j];
+          }
+        });
+      });
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Backward: pass 1 sums a(y, v) over the row, pass 2 writes b(y, v, sum).
+
+template <SoftmaxOp kOp, typename C>
+inline C bwd_term(C y, C v) {
+  using M = MathOf<C>;
+  if constexpr (kOp == SoftmaxOp::kSoftmax) return v * y;
+  if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v;
+  return v * M::exp(y);
+}
+
+template <SoftmaxOp kOp, typename C>
+inline C bwd_out(C y, C v, C sum) {
+  using M = MathOf<C>;
+  if constexpr (kOp == SoftmaxOp::kSoftmax) return y * (v - sum);
+  if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v - M::exp(y) * sum;
+  return v - sum;
+}
+
+template <typename S, SoftmaxOp kOp>
+void backward_row(const S* y, const S* v, S* out, int64_t n) {
+  using C = f16::Compute<S>;
+  C acc[kLanes] = {};
+  for_blocks2(y, v, n, [&](const C* __restrict yb, const C* __restrict vb, int64_t, int64_t len) {
+    int64_t i = 0;
+    for (; i + kLanes <= len; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) acc[j] += bwd_term<kOp, C>(yb[i + j], vb[i + j]);
+    for (int j = 0; i + j < len; ++j) acc[j] += bwd_term<kOp, C>(yb[i + j], vb[i + j]);
+  });
+  const C sum = combine_sum(acc);
+  for_blocks2(y, v, n, [&](const C* __restrict yb, const C* __restrict vb, int64_t off,
+                           int64_t len) {
+    emit(out + off, len, [&](C* __restrict o) {
+      for (int64_t i = 0; i < len; ++i) o[i] = bwd_out<kOp, C>(yb[i], vb[i], sum);
+    });
+  });
+}
+
+template <typename S, SoftmaxOp kOp>
+void backward_cols(const S* y, const S* v, S* out, int64_t n, int64_t inner, int64_t w) {
+  using C = f16::Compute<S>;
+  C s[kCols];
+  std::fill(s, s + w, C(0));
+  for (int64_t r = 0; r < n; ++r)
+    for_blocks2(y + r * inner, v + r * inner, w,
+                [&](const C* __restrict yb, const C* __restrict vb, int64_t off, int64_t len) {
+                  for (int64_t j = 0; j < len; ++j) s[off + j] += bwd_term<kOp, C>(yb[j], vb[j]);
+                });
+  for (int64_t r = 0; r < n; ++r)
+    for_blocks2(y + r * inner, v + r * inner, w,
+                [&](const C* __restrict yb, const C* __restrict vb, int64_t off, int64_t len) {
+                  emit(out + r * inner + off, len, [&](C* __restrict o) {
+                    for (int64_t j = 0; j < len; ++j)
+                      o[j] = bwd_out<kOp, C>(yb[j], vb[j], s[off + j]);
+                  });
+                });
+}
+
+// ------------------------------------------------------------------------------------------
+// Task decomposition shared by forward and backward: fn(offset, n, w) runs one contiguous row
+// (inner == 1: offset of the row, w unused) or one block of columns (offset of its first element
+// in row 0 of its slab, w columns).
+
+template <typename F>
+void for_tasks(const SoftmaxCall& c, F&& fn) {
+  if (c.inner == 1) {
+    const int64_t rows_per_task = std::max<int64_t>(1, kMinTaskElems / std::max<int64_t>(1, c.n));
+    parallel_for(c.outer, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) fn(r * c.n, int64_t{1});
+    }, rows_per_task);
+    return;
+  }
+  const int64_t blocks = (c.inner + kCols - 1) / kCols;
+  const int64_t slab = c.n * c.inner;
+  const int64_t tasks_min = std::max<int64_t>(1, kMinTaskElems / std::max<int64_t>(1, c.n * kCols));
+  parallel_for(c.outer * blocks, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / blocks, c0 = (t % blocks) * kCols;
+      fn(o * slab + c0, std::min(kCols, c.inner - c0));
+    }
+  }, tasks_min);
+}
+
+template <typename S>
+void run_typed(const SoftmaxCall& c, const void* xv, const void* vv, void* outv) {
+  const S* x = static_cast<const S*>(xv);
+  const S* v = static_cast<const S*>(vv);
+  S* out = static_cast<S*>(outv);
+  const bool rows = c.inner == 1;
+  if (!c.backward) {
+    const bool log = c.op == SoftmaxOp::kLogSoftmax;
+    for_tasks(c, [&](int64_t off, int64_t w) {
+      if (rows) {
+        log ? forward_row<S, true>(x + off, out + off, c.n)
+            : forward_row<S, false>(x + off, out + off, c.n);
+      } else {
+        log ? forward_cols<S, true>(x + off, out + off, c.n, c.inner, w)
+            : forward_cols<S, false>(x + off, out + off, c.n, c.inner, w);
+      }
+    });
+    return;
+  }
+  for_tasks(c, [&](int64_t off, int64_t w) {
+    switch (c.op) {
+#define JAXDNN_SOFTMAX_BWD(op)                                                        \
+      case SoftmaxOp::op:                                                             \
+        if (rows)                                                                     \
+          backward_row<S, SoftmaxOp::op>(x + off, v + off, out + off, c.n);           \
+        else                                                                          \
+          backward_cols<S, SoftmaxOp::op>(x + off, v + off, out + off, c.n, c.inner, w); \
+        break;
+      JAXDNN_SOFTMAX_BWD(kSoftmax)
+      JAXDNN_SOFTMAX_BWD(kLogSoftmax)
+      JAXDNN_SOFTMAX_BWD(kLogSoftmaxJvp)
+#undef JAXDNN_SOFTMAX_BWD
+    }
+  });
+}
+
+}  // namespace
+
+std::string run_softmax(const SoftmaxCall& c, const void* x, const void* v, void* out) {
+  if (c.backward && v == nullptr) return "the backward needs a second operand";
+  if (!c.backward && c.op == SoftmaxOp::kLogSoftmaxJvp) return "not a forward operation";
+  if (c.outer == 0 || c.n == 0 || c.inner == 0) return "";
+  switch (c.dtype) {
+    case DType::kF32: run_typed<float>(c, x, v, out); break;
+    case DType::kF64: run_typed<double>(c, x, v, out); break;
+    case DType::kBF16: run_typed<BF16>(c, x, v, out); break;
+    case DType::kF16: run_typed<F16>(c, x, v, out); break;
+    default: return "unsupported dtype";
+  }
+  return "";
+}
+
+}  // namespace jaxdnn::cpu

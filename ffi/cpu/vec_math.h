@@ -1,0 +1,129 @@
+// Branch-free float32 exp, expm1, tanh and erfc that compilers vectorize (the standard library's
+// are opaque calls, so loops over them stay scalar). VecMathF plugs into activation.h's math
+// policy parameter: activate<float, VecMathF>(...).
+//
+// Accuracy (measured over 2e7 random floats against double-precision libm): relative error at most
+// 8e-8 for exp (1 ulp), 2.5e-7 for expm1 and tanh, 5.4e-7 for erfc (worst just below |x| = 0.9);
+// erfc is 0 for x > 10, where the true value is below 3e-45.
+// Special values follow the standard library: exp(-inf) = 0, exp(+inf) = +inf, tanh(+-inf) = +-1,
+// erfc(-inf) = 2, erfc(+inf) = 0; NaN in, NaN out. Subnormal results of exp are produced; results
+// below the smallest subnormal round to 0.
+//
+// Method. exp: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2, n found by the
+// 1.5 * 2^23 rounding trick, so no float-to-int conversion of out-of-range values), e^r by its
+// Taylor polynomial to r^7, and 2^n applied as two factors 2^(n/2) 2^(n - n/2) so that every
+// result from the largest float down to the subnormals is reachable. expm1: the Taylor polynomial
+// to x^8 for |x| < ln2/2, exp(x) - 1 elsewhere. tanh: expm1(2x) / (expm1(2x) + 2) on x clamped to
+// +-9 (tanh(9) rounds to 1). erfc: for |x| < 0.9, 1 - x P(x^2); otherwise
+// e^(-x^2) R(1 / (1 + |x|/2)) (reflected for x < 0), where P and R are degree-5 and degree-8
+// least-squares polynomial fits (Chebyshev-weighted, against mpmath) of erf(x)/x on x^2 in
+// [0, 0.81] and of erfcx on [0.9, 10]; e^(-x^2) is corrected for the rounding of x^2 with an FMA.
+#ifndef JAXDNN_CPU_VEC_MATH_H_
+#define JAXDNN_CPU_VEC_MATH_H_
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace jaxdnn::cpu {
+
+namespace vec_math_detail {
+
+inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// 2^n for integers |n| <= 127 (n comes in as the raw bits of the rounding trick's sum).
+inline float pow2i(uint32_t n_plus_127) { return bits_to_float(n_plus_127 << 23); }
+
+}  // namespace vec_math_detail
+
+struct VecMathF {
+  static inline float exp(float x) {
+    using namespace vec_math_detail;
+    constexpr float kHi = 88.72283935546875f;    // above: overflow to +inf
+    constexpr float kLo = -103.97208404541016f;  // below: underflow to 0
+    constexpr float kLog2e = 1.44269504088896341f;
+    constexpr float kLn2Hi = 0.693359375f;        // 11 significant bits: n * kLn2Hi is exact
+    constexpr float kLn2Lo = -2.12194440e-4f;
+    constexpr float kMagic = 12582912.0f;         // 1.5 * 2^23
+    const float xc = x > kHi ? kHi : (x < kLo ? kLo : x);  // keeps NaN
+    const float shifted = xc * kLog2e + kMagic;
+    const float fn = shifted - kMagic;                        // round(x / ln2), as a float
+    const int32_t n = static_cast<int32_t>(float_to_bits(shifted) - float_to_bits(kMagic));
+    float r = xc - fn * kLn2Hi;
+    r = r - fn * kLn2Lo;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t n1 = n >> 1;  // arithmetic shift: floor(n / 2)
+    const int32_t n2 = n - n1;
+    const float y = p * pow2i(static_cast<uint32_t>(n1 + 127)) *
+                    pow2i(static_cast<uint32_t>(n2 + 127));
+    const float inf = std::numeric_limits<float>::infinity();
+    return x > kHi ? inf : (x < kLo ? 0.0f : y);
+  }
+
+  static inline float expm1(float x) {
+    const float small = x * (1.0f + x * (0.5f + x * (1.0f / 6 + x * (1.0f / 24 + x * (
+        1.0f / 120 + x * (1.0f / 720 + x * (1.0f / 5040 + x * (1.0f / 40320))))))));
+    const float ax = x < 0.0f ? -x : x;
+    return ax < 0.34657359f ? small : exp(x) - 1.0f;
+  }
+
+  static inline float tanh(float x) {
+    const float xc = x > 9.0f ? 9.0f : (x < -9.0f ? -9.0f : x);  // keeps NaN
+    const float e = expm1(2.0f * xc);
+    return e / (e + 2.0f);
+  }
+
+  static inline float erfc(float x) {
+    const float ax = x < 0.0f ? -x : x;
+    // |x| < 0.9: erf(x) = x P(x^2).
+    const float u = x * x;
+    float p = -6.196216763271656e-4f;
+    p = p * u + 5.032014751602058e-3f;
+    p = p * u - 2.6792109680647186e-2f;
+    p = p * u + 1.1282492531474525e-1f;
+    p = p * u - 3.761255574357296e-1f;
+    p = p * u + 1.128379158537999f;
+    const float small = 1.0f - x * p;
+    // |x| >= 0.9: erfc(|x|) = e^(-x^2) R(t), t = 1 / (1 + |x|/2).
+    const float a = ax > 10.0f ? 10.0f : ax;  // erfc(10) underflows anyway; keeps NaN
+    const float t = 1.0f / (1.0f + 0.5f * a);
+    float r = 7.217594996821508e-2f;
+    r = r * t - 1.5678317252840696e-1f;
+    r = r * t - 1.4019731600908747e-2f;
+    r = r * t + 1.3540316918538392e-1f;
+    r = r * t + 1.4399796495067654e-1f;
+    r = r * t + 2.570415763056986e-1f;
+    r = r * t + 2.80274823590627e-1f;
+    r = r * t + 2.822690220815202e-1f;
+    r = r * t - 6.970014003931935e-6f;
+    const float a2 = a * a;
+#if defined(__FMA__)
+    const float a2_err = __builtin_fmaf(a, a, -a2);  // a * a = a2 + a2_err exactly
+#else
+    const float a2_err = 0.0f;
+#endif
+    const float tail = exp(-a2) * (1.0f - a2_err) * r;
+    const float big = x < 0.0f ? 2.0f - tail : (ax > 10.0f ? 0.0f : tail);
+    return ax < 0.9f ? small : big;
+  }
+};
+
+}  // namespace jaxdnn::cpu
+
+#endif  // JAXDNN_CPU_VEC_MATH_H_
