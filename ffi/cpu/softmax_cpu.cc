@@ -90,26 +90,99 @@ inline void emit(S* dst, int64_t len, F&& fn) {
 }
 
 template <typename C>
-inline C combine_max(const C (&acc)[kLanes]) {
+inline C combine_max(const C* acc) {
   C m = acc[0];
   for (int j = 1; j < kLanes; ++j) m = acc[j] > m ? acc[j] : m;
   return m;
 }
 
 template <typename C>
-inline C combine_sum(const C (&acc)[kLanes]) {
+inline C combine_sum(const C* acc) {
   C s = 0;
   for (int j = 0; j < kLanes; ++j) s += acc[j];
   return s;
 }
 
+// The loops below take every scalar by value and every array through a restrict pointer (not
+// through lambda captures), so that the compiler can keep them in registers and vectorize.
+
 // acc[j] = max(acc[j], b[i]) for i = j mod kLanes.
 template <typename C>
-inline void lane_max(const C* __restrict b, int64_t len, C (&acc)[kLanes]) {
+inline void lane_max(const C* __restrict b, int64_t len, C* __restrict acc) {
   int64_t i = 0;
   for (; i + kLanes <= len; i += kLanes)
     for (int j = 0; j < kLanes; ++j) acc[j] = b[i + j] > acc[j] ? b[i + j] : acc[j];
   for (int j = 0; i + j < len; ++j) acc[j] = b[i + j] > acc[j] ? b[i + j] : acc[j];
+}
+
+// acc[j] += exp(b[i] - m), also stored to e[i] when e is not null.
+template <typename C, bool kStore>
+inline void lane_exp_sum(const C* __restrict b, C* __restrict e, int64_t len, C m,
+                         C* __restrict acc) {
+  using M = MathOf<C>;
+  int64_t i = 0;
+  for (; i + kLanes <= len; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      const C v = M::exp(b[i + j] - m);
+      if constexpr (kStore) e[i + j] = v;
+      acc[j] += v;
+    }
+  for (int j = 0; i + j < len; ++j) {
+    const C v = M::exp(b[i + j] - m);
+    if constexpr (kStore) e[i + j] = v;
+    acc[j] += v;
+  }
+}
+
+template <typename C>
+inline void scale(C* __restrict e, int64_t len, C f) {
+  for (int64_t i = 0; i < len; ++i) e[i] *= f;
+}
+
+template <typename C>
+inline void exp_scaled(const C* __restrict b, C* __restrict o, int64_t len, C m, C f) {
+  using M = MathOf<C>;
+  for (int64_t i = 0; i < len; ++i) o[i] = M::exp(b[i] - m) * f;
+}
+
+template <typename C>
+inline void shifted(const C* __restrict b, C* __restrict o, int64_t len, C m, C lse) {
+  for (int64_t i = 0; i < len; ++i) o[i] = (b[i] - m) - lse;
+}
+
+// Column forms: one accumulator per column.
+template <typename C>
+inline void col_max(const C* __restrict b, int64_t len, C* __restrict m) {
+  for (int64_t j = 0; j < len; ++j) m[j] = b[j] > m[j] ? b[j] : m[j];
+}
+
+template <typename C, bool kStore>
+inline void col_exp_sum(const C* __restrict b, C* __restrict e, int64_t len,
+                        const C* __restrict m, C* __restrict s) {
+  using M = MathOf<C>;
+  for (int64_t j = 0; j < len; ++j) {
+    const C v = M::exp(b[j] - m[j]);
+    if constexpr (kStore) e[j] = v;
+    s[j] += v;
+  }
+}
+
+template <typename C>
+inline void col_scale(C* __restrict e, int64_t len, const C* __restrict f) {
+  for (int64_t j = 0; j < len; ++j) e[j] *= f[j];
+}
+
+template <typename C>
+inline void col_exp_scaled(const C* __restrict b, C* __restrict o, int64_t len,
+                           const C* __restrict m, const C* __restrict f) {
+  using M = MathOf<C>;
+  for (int64_t j = 0; j < len; ++j) o[j] = M::exp(b[j] - m[j]) * f[j];
+}
+
+template <typename C>
+inline void col_shifted(const C* __restrict b, C* __restrict o, int64_t len,
+                        const C* __restrict m, const C* __restrict lse) {
+  for (int64_t j = 0; j < len; ++j) o[j] = (b[j] - m[j]) - lse[j];
 }
 
 // ------------------------------------------------------------------------------------------
@@ -118,50 +191,33 @@ inline void lane_max(const C* __restrict b, int64_t len, C (&acc)[kLanes]) {
 template <typename S, bool kLog>
 void forward_row(const S* x, S* y, int64_t n) {
   using C = f16::Compute<S>;
-  using M = MathOf<C>;
   C accm[kLanes];
   std::fill(accm, accm + kLanes, kNegInf<C>);
-  for_blocks(x, n, [&](const C* b, int64_t, int64_t len) { lane_max(b, len, accm); });
+  for_blocks(x, n, [&](const C* b, int64_t, int64_t len) { lane_max<C>(b, len, accm); });
   const C m = combine_max(accm);
 
   C accs[kLanes] = {};
   constexpr bool kStoreExp = !kLog && std::is_same_v<S, C>;
-  for_blocks(x, n, [&](const C* __restrict b, int64_t off, int64_t len) {
-    C* __restrict e = nullptr;
-    if constexpr (kStoreExp) e = reinterpret_cast<C*>(y) + off;
-    int64_t i = 0;
-    for (; i + kLanes <= len; i += kLanes)
-      for (int j = 0; j < kLanes; ++j) {
-        const C v = M::exp(b[i + j] - m);
-        if constexpr (kStoreExp) e[i + j] = v;
-        accs[j] += v;
-      }
-    for (int j = 0; i + j < len; ++j) {
-      const C v = M::exp(b[i + j] - m);
-      if constexpr (kStoreExp) e[i + j] = v;
-      accs[j] += v;
-    }
+  for_blocks(x, n, [&](const C* b, int64_t off, int64_t len) {
+    if constexpr (kStoreExp)
+      lane_exp_sum<C, true>(b, reinterpret_cast<C*>(y) + off, len, m, accs);
+    else
+      lane_exp_sum<C, false>(b, nullptr, len, m, accs);
   });
   const C sum = combine_sum(accs);
 
   if constexpr (kStoreExp) {
-    C* __restrict e = reinterpret_cast<C*>(y);
-    const C inv = C(1) / sum;
-    for (int64_t i = 0; i < n; ++i) e[i] *= inv;
+    scale<C>(reinterpret_cast<C*>(y), n, C(1) / sum);
   } else if constexpr (kLog) {
     using std::log;
     const C lse = log(sum);
-    for_blocks(x, n, [&](const C* __restrict b, int64_t off, int64_t len) {
-      emit(y + off, len, [&](C* __restrict o) {
-        for (int64_t i = 0; i < len; ++i) o[i] = (b[i] - m) - lse;
-      });
+    for_blocks(x, n, [&](const C* b, int64_t off, int64_t len) {
+      emit(y + off, len, [&](C* o) { shifted<C>(b, o, len, m, lse); });
     });
   } else {
     const C inv = C(1) / sum;
-    for_blocks(x, n, [&](const C* __restrict b, int64_t off, int64_t len) {
-      emit(y + off, len, [&](C* __restrict o) {
-        for (int64_t i = 0; i < len; ++i) o[i] = M::exp(b[i] - m) * inv;
-      });
+    for_blocks(x, n, [&](const C* b, int64_t off, int64_t len) {
+      emit(y + off, len, [&](C* o) { exp_scaled<C>(b, o, len, m, inv); });
     });
   }
 }
@@ -170,22 +226,19 @@ void forward_row(const S* x, S* y, int64_t n) {
 template <typename S, bool kLog>
 void forward_cols(const S* x, S* y, int64_t n, int64_t inner, int64_t w) {
   using C = f16::Compute<S>;
-  using M = MathOf<C>;
-  C m[kCols], s[kCols];
+  alignas(64) C m[kCols], s[kCols];
   std::fill(m, m + w, kNegInf<C>);
   std::fill(s, s + w, C(0));
   for (int64_t r = 0; r < n; ++r)
-    for_blocks(x + r * inner, w, [&](const C* __restrict b, int64_t off, int64_t len) {
-      for (int64_t j = 0; j < len; ++j) m[off + j] = b[j] > m[off + j] ? b[j] : m[off + j];
-    });
+    for_blocks(x + r * inner, w,
+               [&](const C* b, int64_t off, int64_t len) { col_max<C>(b, len, m + off); });
   constexpr bool kStoreExp = !kLog && std::is_same_v<S, C>;
   for (int64_t r = 0; r < n; ++r)
-    for_blocks(x + r * inner, w, [&](const C* __restrict b, int64_t off, int64_t len) {
-      for (int64_t j = 0; j < len; ++j) {
-        const C v = M::exp(b[j] - m[off + j]);
-        if constexpr (kStoreExp) reinterpret_cast<C*>(y)[r * inner + off + j] = v;
-        s[off + j] += v;
-      }
+    for_blocks(x + r * inner, w, [&](const C* b, int64_t off, int64_t len) {
+      if constexpr (kStoreExp)
+        col_exp_sum<C, true>(b, reinterpret_cast<C*>(y) + r * inner + off, len, m + off, s + off);
+      else
+        col_exp_sum<C, false>(b, nullptr, len, m + off, s + off);
     });
   if constexpr (kLog) {
     using std::log;
@@ -195,17 +248,14 @@ void forward_cols(const S* x, S* y, int64_t n, int64_t inner, int64_t w) {
   }
   for (int64_t r = 0; r < n; ++r) {
     if constexpr (kStoreExp) {
-      C* __restrict e = reinterpret_cast<C*>(y) + r * inner;
-      for (int64_t j = 0; j < w; ++j) e[j] *= s[j];
+      col_scale<C>(reinterpret_cast<C*>(y) + r * inner, w, s);
     } else {
-      for_blocks(x + r * inner, w, [&](const C* __restrict b, int64_t off, int64_t len) {
-        emit(y + r * inner + off, len, [&](C* __restrict o) {
-          for (int64_t j = 0; j < len; ++j) {
-            if constexpr (kLog)
-              o[j] = (b[j] - m[off + j]) - s[off + j];
-            else
-              o[j] = M::exp(b[j] - m[off + j]) * s[off + j];
-          }
+      for_blocks(x + r * inner, w, [&](const C* b, int64_t off, int64_t len) {
+        emit(y + r * inner + off, len, [&](C* o) {
+          if constexpr (kLog)
+            col_shifted<C>(b, o, len, m + off, s + off);
+          else
+            col_exp_scaled<C>(b, o, len, m + off, s + off);
         });
       });
     }
@@ -231,42 +281,61 @@ inline C bwd_out(C y, C v, C sum) {
   return v - sum;
 }
 
+template <SoftmaxOp kOp, typename C>
+inline void lane_bwd_sum(const C* __restrict y, const C* __restrict v, int64_t len,
+                         C* __restrict acc) {
+  int64_t i = 0;
+  for (; i + kLanes <= len; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += bwd_term<kOp, C>(y[i + j], v[i + j]);
+  for (int j = 0; i + j < len; ++j) acc[j] += bwd_term<kOp, C>(y[i + j], v[i + j]);
+}
+
+template <SoftmaxOp kOp, typename C>
+inline void bwd_write(const C* __restrict y, const C* __restrict v, C* __restrict o, int64_t len,
+                      C sum) {
+  for (int64_t i = 0; i < len; ++i) o[i] = bwd_out<kOp, C>(y[i], v[i], sum);
+}
+
+template <SoftmaxOp kOp, typename C>
+inline void col_bwd_sum(const C* __restrict y, const C* __restrict v, int64_t len,
+                        C* __restrict s) {
+  for (int64_t j = 0; j < len; ++j) s[j] += bwd_term<kOp, C>(y[j], v[j]);
+}
+
+template <SoftmaxOp kOp, typename C>
+inline void col_bwd_write(const C* __restrict y, const C* __restrict v, C* __restrict o,
+                          int64_t len, const C* __restrict s) {
+  for (int64_t j = 0; j < len; ++j) o[j] = bwd_out<kOp, C>(y[j], v[j], s[j]);
+}
+
 template <typename S, SoftmaxOp kOp>
 void backward_row(const S* y, const S* v, S* out, int64_t n) {
   using C = f16::Compute<S>;
   C acc[kLanes] = {};
-  for_blocks2(y, v, n, [&](const C* __restrict yb, const C* __restrict vb, int64_t, int64_t len) {
-    int64_t i = 0;
-    for (; i + kLanes <= len; i += kLanes)
-      for (int j = 0; j < kLanes; ++j) acc[j] += bwd_term<kOp, C>(yb[i + j], vb[i + j]);
-    for (int j = 0; i + j < len; ++j) acc[j] += bwd_term<kOp, C>(yb[i + j], vb[i + j]);
+  for_blocks2(y, v, n, [&](const C* yb, const C* vb, int64_t, int64_t len) {
+    lane_bwd_sum<kOp, C>(yb, vb, len, acc);
   });
   const C sum = combine_sum(acc);
-  for_blocks2(y, v, n, [&](const C* __restrict yb, const C* __restrict vb, int64_t off,
-                           int64_t len) {
-    emit(out + off, len, [&](C* __restrict o) {
-      for (int64_t i = 0; i < len; ++i) o[i] = bwd_out<kOp, C>(yb[i], vb[i], sum);
-    });
+  for_blocks2(y, v, n, [&](const C* yb, const C* vb, int64_t off, int64_t len) {
+    emit(out + off, len, [&](C* o) { bwd_write<kOp, C>(yb, vb, o, len, sum); });
   });
 }
 
 template <typename S, SoftmaxOp kOp>
 void backward_cols(const S* y, const S* v, S* out, int64_t n, int64_t inner, int64_t w) {
   using C = f16::Compute<S>;
-  C s[kCols];
+  alignas(64) C s[kCols];
   std::fill(s, s + w, C(0));
   for (int64_t r = 0; r < n; ++r)
     for_blocks2(y + r * inner, v + r * inner, w,
-                [&](const C* __restrict yb, const C* __restrict vb, int64_t off, int64_t len) {
-                  for (int64_t j = 0; j < len; ++j) s[off + j] += bwd_term<kOp, C>(yb[j], vb[j]);
+                [&](const C* yb, const C* vb, int64_t off, int64_t len) {
+                  col_bwd_sum<kOp, C>(yb, vb, len, s + off);
                 });
   for (int64_t r = 0; r < n; ++r)
     for_blocks2(y + r * inner, v + r * inner, w,
-                [&](const C* __restrict yb, const C* __restrict vb, int64_t off, int64_t len) {
-                  emit(out + r * inner + off, len, [&](C* __restrict o) {
-                    for (int64_t j = 0; j < len; ++j)
-                      o[j] = bwd_out<kOp, C>(yb[j], vb[j], s[off + j]);
-                  });
+                [&](const C* yb, const C* vb, int64_t off, int64_t len) {
+                  emit(out + r * inner + off, len,
+                       [&](C* o) { col_bwd_write<kOp, C>(yb, vb, o, len, s + off); });
                 });
 }
 

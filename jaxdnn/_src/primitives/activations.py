@@ -233,11 +233,15 @@ def _reference_activation_grad(s, v, *, spec, derivative):
 # ---------------------------------------------------------------------------------------------
 # Differentiation.
 
+def _zero_tangent(primal_out):
+  return ad.Zero(jax.typeof(primal_out).to_tangent_aval())
+
+
 def _activation_jvp(primals, tangents, *, spec):
   (x,), (t,) = primals, tangents
   y = activation(x, spec)
   if type(t) is ad.Zero:
-    return y, ad.Zero.from_primal_value(y)
+    return y, _zero_tangent(y)
   return y, activation_grad(y if spec.from_output else x, t, spec, 1)
 
 
@@ -257,7 +261,7 @@ def _grad_jvp(primals, tangents, *, spec, derivative):
       _, g3 = jax.jvp(lambda a: _reference_grad(spec, a, 2), (s.astype(c),), (ds.astype(c),))
       terms.append((v.astype(c) * g3).astype(s.dtype))
   if not terms:
-    return out, ad.Zero.from_primal_value(out)
+    return out, _zero_tangent(out)
   return out, functools.reduce(jnp.add, terms)
 
 

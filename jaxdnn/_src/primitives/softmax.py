@@ -120,11 +120,15 @@ def _reference_bwd(y, v, *, axis, op):
 # ---------------------------------------------------------------------------------------------
 # Differentiation.
 
+def _zero_tangent(primal_out):
+  return ad.Zero(jax.typeof(primal_out).to_tangent_aval())
+
+
 def _softmax_jvp(primals, tangents, *, axis, log):
   (x,), (t,) = primals, tangents
   y = softmax(x, axis, log)
   if type(t) is ad.Zero:
-    return y, ad.Zero.from_primal_value(y)
+    return y, _zero_tangent(y)
   return y, softmax_bwd(y, t, axis, "log_jvp" if log else "softmax")
 
 
@@ -150,7 +154,7 @@ def _bwd_jvp(primals, tangents, *, axis, op):
     term = _bwd_derivative_in_y(y.astype(c), v.astype(c), dy.astype(c), axis, op)
     terms.append(term.astype(y.dtype))
   if not terms:
-    return out, ad.Zero.from_primal_value(out)
+    return out, _zero_tangent(out)
   return out, functools.reduce(jnp.add, terms)
 
 
