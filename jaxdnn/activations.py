@@ -148,7 +148,8 @@ def _softmax(x, axis, log: bool, fn: str):
   perm = kept + axes
   xt = jnp.transpose(x, perm)
   lead = xt.shape[:len(kept)]
-  y = softmax_prims.softmax(xt.reshape(*lead, -1), len(kept), log)
+  merged = math.prod(shape[a] for a in axes)
+  y = softmax_prims.softmax(xt.reshape(*lead, merged), len(kept), log)
   return jnp.transpose(y.reshape(xt.shape), np.argsort(perm))
 
 

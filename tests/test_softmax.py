@@ -174,7 +174,7 @@ def test_jit_and_hlo():
 
 
 @pytest.mark.parametrize("shape,axis", [((0, 5), -1), ((3, 0), -1), ((0, 5), 0), ((2, 0, 3), 1),
-                                        ((0,), None)], ids=str)
+                                        ((0,), None), ((2, 0, 4), (0, 2))], ids=str)
 def test_size_zero(shape, axis):
   x = jnp.zeros(shape, F32)
   for ours, ref in FUNCS.values():
