@@ -9,8 +9,15 @@ repeats, divided by K. Both implementations run in the same harness.
        jitted function, so the forward is not re-run): jaxdnn reads y (relu-likes, elu, sigmoid,
        tanh) or x (gelu, silu) and dy, writes dx; XLA reads whatever its VJP saved.
                                                     bytes: 2 arrays read + 1 written
+  fwd+bwd  y and dx together (jax.vjp inside the jitted function, both returned), as a training
+       step needs them: XLA fuses jax.nn's forward and backward into one loop, jaxdnn runs its two
+       kernels.                                     bytes: x, dy read + y, dx written
 Softmax runs over the channel axis (last) of the same shapes, and over H (a strided axis) on
 the first shape. GB/s is the effective bandwidth of those minimal byte counts.
+
+On a shared host, --rounds R repeats each (jaxdnn, jax.nn) pair of measurements R times,
+interleaved, and keeps each side's fastest median (load from other processes only slows a run
+down, so the minimum is the least disturbed one).
 
 Shapes: the NHWC outputs of the conv layers in the layer file (--layers; default: the packaged
 layers-cpu.txt on the CPU, ResNet-50 N=32 activation shapes on the GPU).
@@ -24,6 +31,7 @@ import argparse
 import csv
 import datetime
 import os
+import subprocess
 import sys
 
 import jax
@@ -62,6 +70,19 @@ GPU_SHAPES = [
 ]
 
 
+def commit() -> str:
+  """$JAXDNN_COMMIT, the checkout's commit in the working directory, or this script's."""
+  c = git_commit()
+  if c != "unknown":
+    return c
+  try:
+    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"],
+                                   cwd=os.path.dirname(os.path.abspath(__file__)),
+                                   stderr=subprocess.DEVNULL).decode().strip()
+  except Exception:
+    return "unknown"
+
+
 def layer_file_shapes(path) -> list[tuple[str, tuple[int, ...]]]:
   """(name, NHWC output shape) per layer, first occurrence of each shape only."""
   seen, out = set(), []
@@ -81,12 +102,35 @@ def _bwd_fn(k):
   return jax.jit(lambda vjps, cts: [v(ct)[0] for v, ct in zip(vjps, cts)])
 
 
-def measure(fn, xs, cts, direction, repeats, budget):
+def _both_fn(fn, k):
+  def both(xs, cts):
+    out = []
+    for x, ct in zip(xs, cts):
+      y, vjp = jax.vjp(fn, x)
+      out.append((y, vjp(ct)[0]))
+    return out
+  return jax.jit(both)
+
+
+def timed(fn, xs, cts, direction):
+  """(jitted function, its arguments) timing K applications of fn's forward or backward."""
   k = len(xs)
   if direction == "fwd":
-    return time_call(_fwd_fn(fn, k), (xs,), repeats, budget) / k
+    return _fwd_fn(fn, k), (xs,)
+  if direction == "fwd+bwd":
+    return _both_fn(fn, k), (xs, cts)
   vjps = [jax.vjp(fn, x)[1] for x in xs]  # residuals computed outside the timed function
-  return time_call(_bwd_fn(k), (vjps, cts), repeats, budget) / k
+  return _bwd_fn(k), (vjps, cts)
+
+
+def measure_pair(ours, ref, xs, cts, direction, repeats, budget, rounds):
+  """Seconds per application of ours and ref: the fastest of `rounds` interleaved medians."""
+  calls = [timed(f, xs, cts, direction) for f in (ours, ref)]
+  best = [float("inf")] * 2
+  for _ in range(rounds):
+    for i, (fn, args) in enumerate(calls):
+      best[i] = min(best[i], time_call(fn, args, repeats, budget) / len(xs))
+  return best
 
 
 def main(argv=None):
@@ -98,10 +142,12 @@ def main(argv=None):
                       "groups per line); default: the packaged CPU set / ResNet-50 N=32 on GPU")
   parser.add_argument("--kinds", default=",".join([*ACTIVATIONS, *SOFTMAX]),
                       help="comma-separated subset of " + ",".join([*ACTIVATIONS, *SOFTMAX]))
-  parser.add_argument("--directions", default="fwd,bwd")
+  parser.add_argument("--directions", default="fwd,bwd,fwd+bwd")
   parser.add_argument("--k", type=int, default=None, help="independent ops per jit (4 CPU, 16 GPU)")
   parser.add_argument("--repeats", type=int, default=20)
   parser.add_argument("--budget", type=float, default=3.0, help="seconds per measurement")
+  parser.add_argument("--rounds", type=int, default=1, help="interleaved repetitions of each "
+                      "pair of measurements; the fastest median is kept")
   parser.add_argument("--csv", default=None)
   parser.add_argument("--markdown", default=None, help="write the table as markdown here")
   args = parser.parse_args(argv)
@@ -125,9 +171,10 @@ def main(argv=None):
   threads = jaxdnn._src.ffi.load_cpu_extension().num_threads()
   header = (f"jax {jax.__version__}, device {device.device_kind} ({args.device}), "
             f"{os.cpu_count()} host cores, jaxdnn CPU threads {threads}, dtype {dtype}, K={k}, "
-            f"commit {git_commit()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+            f"repeats {args.repeats}, rounds {args.rounds}, "
+            f"commit {commit()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
   print(header, flush=True)
-  print(f"{'shape':22s} {'op':16s} {'dir':4s} {'jaxdnn ms':>10s} {'jax.nn ms':>10s} "
+  print(f"{'shape':22s} {'op':19s} {'dir':7s} {'jaxdnn ms':>10s} {'jax.nn ms':>10s} "
         f"{'speedup':>8s} {'jaxdnn GB/s':>12s} {'jax.nn GB/s':>12s}", flush=True)
   rng = np.random.default_rng(0)
   rows = []
@@ -146,15 +193,15 @@ def main(argv=None):
           cases.append((f"{kind}(axis=1)", lambda x, f=ours: f(x, 1), lambda x, f=ref: f(x, 1)))
     for op, ours, ref in cases:
       for direction in directions:
-        moved = (2 if direction == "fwd" else 3) * nbytes
-        t_ours = measure(ours, xs, cts, direction, args.repeats, args.budget)
-        t_ref = measure(ref, xs, cts, direction, args.repeats, args.budget)
+        moved = {"fwd": 2, "bwd": 3, "fwd+bwd": 4}[direction] * nbytes
+        t_ours, t_ref = measure_pair(ours, ref, xs, cts, direction, args.repeats, args.budget,
+                                     args.rounds)
         row = dict(device=args.device, dtype=str(dtype), shape="x".join(map(str, shape)),
                    layer=name, op=op, direction=direction, jaxdnn_ms=t_ours * 1e3,
                    jaxnn_ms=t_ref * 1e3, speedup=t_ref / t_ours,
                    jaxdnn_gbps=moved / t_ours / 1e9, jaxnn_gbps=moved / t_ref / 1e9)
         rows.append(row)
-        print(f"{row['shape']:22s} {op:16s} {direction:4s} {row['jaxdnn_ms']:10.4f} "
+        print(f"{row['shape']:22s} {op:19s} {direction:7s} {row['jaxdnn_ms']:10.4f} "
               f"{row['jaxnn_ms']:10.4f} {row['speedup']:7.2f}x {row['jaxdnn_gbps']:12.1f} "
               f"{row['jaxnn_gbps']:12.1f}", flush=True)
   if args.csv:

@@ -38,6 +38,15 @@ inline C pointwise(C s, C p) {
   return activation_grad2_from_output<C, M>(kA, s, p);
 }
 
+// gelu's f'(x) = Phi(x) + x phi(x), with one exponential shared by Phi and phi (activation.h's
+// generic formula evaluates erfc and exp separately).
+template <>
+inline float pointwise<Op::kGradInput, Activation::kGelu, float>(float x, float) {
+  float cdf, pdf;
+  VecMathF::normal_cdf_pdf(x, &cdf, &pdf);
+  return cdf + x * pdf;
+}
+
 // out[i] = op(s[i]) (* dy[i]) over contiguous compute-type buffers.
 template <Op kOp, Activation kA, typename C>
 inline void compute(const C* __restrict s, const C* __restrict dy, C* __restrict out, int64_t n,
@@ -76,17 +85,23 @@ void run_range(const S* s, const S* dy, S* out, int64_t begin, int64_t end, doub
   }
 }
 
-// Elements per parallel task: small arrays stay on the calling thread.
-constexpr int64_t kMinChunk = 1 << 15;
+// Whether (op, kind) needs no transcendental function: such loops are memory-bound, and a
+// second thread only pays off on large arrays (waking it costs more than it saves below a few
+// MB). The others are compute-bound and split early.
+template <Op kOp, Activation kA>
+constexpr bool kCheap =
+    kA == Activation::kIdentity || kA == Activation::kRelu || kA == Activation::kLeakyRelu ||
+    kA == Activation::kClippedRelu || kOp == Op::kGradOutput || kOp == Op::kGrad2Output;
 
 template <typename S, Op kOp, Activation kA>
 void run_typed(const ActivationCall& c, const void* s, const void* dy, void* out) {
   const S* sp = static_cast<const S*>(s);
   const S* dp = static_cast<const S*>(dy);
   S* op = static_cast<S*>(out);
+  const int64_t min_chunk = kCheap<kOp, kA> ? (int64_t{1} << 20) : (int64_t{1} << 14);
   parallel_for(
       c.n, [&](int64_t b, int64_t e) { run_range<S, kOp, kA>(sp, dp, op, b, e, c.param); },
-      kMinChunk, 2);
+      min_chunk, 2);
 }
 
 template <typename S, Op kOp>

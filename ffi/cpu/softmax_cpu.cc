@@ -2,9 +2,9 @@
 // (pointwise_problem.h).
 //
 // inner == 1 (the reduced axis is the last one, or all trailing axes are reduced): contiguous rows
-// of n elements, three passes per row (max; sum of exp(x - m); normalize). Reductions keep 16
-// partial accumulators so that they vectorize; they are combined in a fixed order, so results do
-// not depend on the thread count. Rows are split across the thread pool.
+// of n elements, three passes per row (max; sum of exp(x - m); normalize). The reductions are
+// vectorized (`omp simd` reductions) in an order fixed by the build, so results do not depend on
+// the thread count. Rows are split across the thread pool.
 // inner > 1: each task owns a block of up to kCols columns of one [n, inner] slab and runs the
 // same three passes down the rows, with one accumulator per column (the inner loops run along the
 // contiguous inner dimension).
@@ -37,7 +37,6 @@ using f16::F16;
 template <typename C>
 using MathOf = std::conditional_t<std::is_same_v<C, float>, VecMathF, StdMath>;
 
-constexpr int kLanes = 16;      // partial accumulators of a contiguous reduction
 constexpr int64_t kBlock = 512; // 16-bit types: elements converted per float32 block
 constexpr int64_t kCols = 256;  // strided case: columns per task
 constexpr int64_t kMinTaskElems = 1 << 15;
@@ -89,49 +88,29 @@ inline void emit(S* dst, int64_t len, F&& fn) {
   }
 }
 
+// The loops below take every scalar by value and every array through a restrict pointer (not
+// through lambda captures), so that the compiler can keep them in registers and vectorize. Row
+// reductions are `omp simd` reductions (compiled with -fopenmp-simd: vector partial results,
+// combined in an order fixed by the build, independent of the thread count).
+
 template <typename C>
-inline C combine_max(const C* acc) {
-  C m = acc[0];
-  for (int j = 1; j < kLanes; ++j) m = acc[j] > m ? acc[j] : m;
+inline C block_max(const C* __restrict b, int64_t len, C m) {
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < len; ++i) m = b[i] > m ? b[i] : m;
   return m;
 }
 
-template <typename C>
-inline C combine_sum(const C* acc) {
-  C s = 0;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
-  return s;
-}
-
-// The loops below take every scalar by value and every array through a restrict pointer (not
-// through lambda captures), so that the compiler can keep them in registers and vectorize.
-
-// acc[j] = max(acc[j], b[i]) for i = j mod kLanes.
-template <typename C>
-inline void lane_max(const C* __restrict b, int64_t len, C* __restrict acc) {
-  int64_t i = 0;
-  for (; i + kLanes <= len; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] = b[i + j] > acc[j] ? b[i + j] : acc[j];
-  for (int j = 0; i + j < len; ++j) acc[j] = b[i + j] > acc[j] ? b[i + j] : acc[j];
-}
-
-// acc[j] += exp(b[i] - m), also stored to e[i] when e is not null.
+// sum of exp(b[i] - m), also stored to e[i] when kStore.
 template <typename C, bool kStore>
-inline void lane_exp_sum(const C* __restrict b, C* __restrict e, int64_t len, C m,
-                         C* __restrict acc) {
+inline C block_exp_sum(const C* __restrict b, C* __restrict e, int64_t len, C m, C sum) {
   using M = MathOf<C>;
-  int64_t i = 0;
-  for (; i + kLanes <= len; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      const C v = M::exp(b[i + j] - m);
-      if constexpr (kStore) e[i + j] = v;
-      acc[j] += v;
-    }
-  for (int j = 0; i + j < len; ++j) {
-    const C v = M::exp(b[i + j] - m);
-    if constexpr (kStore) e[i + j] = v;
-    acc[j] += v;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < len; ++i) {
+    const C v = M::exp(b[i] - m);
+    if constexpr (kStore) e[i] = v;
+    sum += v;
   }
+  return sum;
 }
 
 template <typename C>
@@ -191,20 +170,17 @@ inline void col_shifted(const C* __restrict b, C* __restrict o, int64_t len,
 template <typename S, bool kLog>
 void forward_row(const S* x, S* y, int64_t n) {
   using C = f16::Compute<S>;
-  C accm[kLanes];
-  std::fill(accm, accm + kLanes, kNegInf<C>);
-  for_blocks(x, n, [&](const C* b, int64_t, int64_t len) { lane_max<C>(b, len, accm); });
-  const C m = combine_max(accm);
+  C m = kNegInf<C>;
+  for_blocks(x, n, [&](const C* b, int64_t, int64_t len) { m = block_max<C>(b, len, m); });
 
-  C accs[kLanes] = {};
+  C sum = 0;
   constexpr bool kStoreExp = !kLog && std::is_same_v<S, C>;
   for_blocks(x, n, [&](const C* b, int64_t off, int64_t len) {
     if constexpr (kStoreExp)
-      lane_exp_sum<C, true>(b, reinterpret_cast<C*>(y) + off, len, m, accs);
+      sum = block_exp_sum<C, true>(b, reinterpret_cast<C*>(y) + off, len, m, sum);
     else
-      lane_exp_sum<C, false>(b, nullptr, len, m, accs);
+      sum = block_exp_sum<C, false>(b, nullptr, len, m, sum);
   });
-  const C sum = combine_sum(accs);
 
   if constexpr (kStoreExp) {
     scale<C>(reinterpret_cast<C*>(y), n, C(1) / sum);
@@ -282,12 +258,10 @@ inline C bwd_out(C y, C v, C sum) {
 }
 
 template <SoftmaxOp kOp, typename C>
-inline void lane_bwd_sum(const C* __restrict y, const C* __restrict v, int64_t len,
-                         C* __restrict acc) {
-  int64_t i = 0;
-  for (; i + kLanes <= len; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += bwd_term<kOp, C>(y[i + j], v[i + j]);
-  for (int j = 0; i + j < len; ++j) acc[j] += bwd_term<kOp, C>(y[i + j], v[i + j]);
+inline C block_bwd_sum(const C* __restrict y, const C* __restrict v, int64_t len, C sum) {
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < len; ++i) sum += bwd_term<kOp, C>(y[i], v[i]);
+  return sum;
 }
 
 template <SoftmaxOp kOp, typename C>
@@ -311,11 +285,10 @@ inline void col_bwd_write(const C* __restrict y, const C* __restrict v, C* __res
 template <typename S, SoftmaxOp kOp>
 void backward_row(const S* y, const S* v, S* out, int64_t n) {
   using C = f16::Compute<S>;
-  C acc[kLanes] = {};
+  C sum = 0;
   for_blocks2(y, v, n, [&](const C* yb, const C* vb, int64_t, int64_t len) {
-    lane_bwd_sum<kOp, C>(yb, vb, len, acc);
+    sum = block_bwd_sum<kOp, C>(yb, vb, len, sum);
   });
-  const C sum = combine_sum(acc);
   for_blocks2(y, v, n, [&](const C* yb, const C* vb, int64_t off, int64_t len) {
     emit(out + off, len, [&](C* o) { bwd_write<kOp, C>(yb, vb, o, len, sum); });
   });

@@ -10,7 +10,7 @@
 // erfc(-inf) = 2, erfc(+inf) = 0; NaN in, NaN out. Subnormal results of exp are produced; results
 // below the smallest subnormal round to 0.
 //
-// Method. exp: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2, n found by the
+// Method (scripts/fit_vec_math.py regenerates the fitted coefficients). exp: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2, n found by the
 // 1.5 * 2^23 rounding trick, so no float-to-int conversion of out-of-range values), e^r by its
 // Taylor polynomial to r^7, and 2^n applied as two factors 2^(n/2) 2^(n - n/2) so that every
 // result from the largest float down to the subnormals is reachable. expm1: the Taylor polynomial
@@ -110,10 +110,8 @@ struct VecMathF {
     return t > 1.0f ? 1.0f : (t < -1.0f ? -1.0f : t);
   }
 
-  static JAXDNN_VEC_INLINE float erfc(float x) {
-    // erfc(|x|) = e^(-x^2) R(t), t = 1 / (1 + |x|/2), reflected for x < 0.
-    const float ax = x < 0.0f ? -x : x;
-    const float a = ax > 10.0f ? 10.0f : ax;  // erfc(10) underflows anyway; keeps NaN
+  // erfcx(a) ~ R(1 / (1 + a/2)) for a in [0, 10] (see the header comment).
+  static JAXDNN_VEC_INLINE float erfcx_fit(float a) {
     const float t = 1.0f / (1.0f + 0.5f * a);
     float r = 3.398299039620364e-02f;
     r = r * t - 2.4513568119715645e-01f;
@@ -126,14 +124,37 @@ struct VecMathF {
     r = r * t + 2.8639470210757756e-01f;
     r = r * t + 2.817418810138752e-01f;
     r = r * t + 1.2645738713845667e-05f;
+    return r;
+  }
+
+  // e^(-a^2) for a >= 0, corrected for the rounding of a^2 (an FMA recovers its error).
+  static JAXDNN_VEC_INLINE float exp_neg_square(float a) {
     const float a2 = a * a;
 #if defined(__FMA__)
     const float a2_err = __builtin_fmaf(a, a, -a2);  // a * a = a2 + a2_err exactly
 #else
     const float a2_err = 0.0f;
 #endif
-    const float tail = exp(-a2) * (1.0f - a2_err) * r;
+    return exp(-a2) * (1.0f - a2_err);
+  }
+
+  static JAXDNN_VEC_INLINE float erfc(float x) {
+    // erfc(|x|) = e^(-x^2) R(t), t = 1 / (1 + |x|/2), reflected for x < 0.
+    const float ax = x < 0.0f ? -x : x;
+    const float a = ax > 10.0f ? 10.0f : ax;  // erfc(10) underflows anyway; keeps NaN
+    const float tail = exp_neg_square(a) * erfcx_fit(a);
     return x < 0.0f ? 2.0f - tail : (ax > 10.0f ? 0.0f : tail);
+  }
+
+  // The standard normal CDF Phi(x) = erfc(-x / sqrt(2)) / 2 and density phi(x) =
+  // e^(-x^2 / 2) / sqrt(2 pi), sharing one exponential (gelu's derivative needs both).
+  static JAXDNN_VEC_INLINE void normal_cdf_pdf(float x, float* cdf, float* pdf) {
+    const float ax = (x < 0.0f ? -x : x) * 0.70710678118654752f;
+    const float a = ax > 10.0f ? 10.0f : ax;  // keeps NaN
+    const float e = exp_neg_square(a);
+    const float half_tail = 0.5f * e * erfcx_fit(a);
+    *cdf = x > 0.0f ? 1.0f - half_tail : half_tail;
+    *pdf = ax > 10.0f ? 0.0f : 0.39894228040143268f * e;
   }
 };
 
