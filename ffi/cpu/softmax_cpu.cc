@@ -14,8 +14,10 @@
 // row's sum, hence its whole output, NaN; -inf entries of an otherwise finite row give 0
 // (softmax) and -inf (log_softmax).
 //
-// float32 softmax stores exp(x - m) into y in the second pass and rescales it in the third;
-// 16-bit types recompute exp in the third pass (their float32 values live only in stack blocks).
+// float32 softmax stores exp(x - m) into y in the second pass and rescales it in the third.
+// 16-bit rows of up to kGroup elements are widened to float32 in groups of rows and run the
+// float32 kernels; longer 16-bit rows and the strided case convert block by block in each pass
+// (recomputing exp in the third).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -313,17 +315,61 @@ void backward_cols(const S* y, const S* v, S* out, int64_t n, int64_t inner, int
 }
 
 // ------------------------------------------------------------------------------------------
-// Task decomposition shared by forward and backward: fn(offset, n, w) runs one contiguous row
-// (inner == 1: offset of the row, w unused) or one block of columns (offset of its first element
-// in row 0 of its slab, w columns).
+// Rows of the 16-bit types: groups of whole rows (at most kGroup elements) are widened to float32
+// once, run through the float32 row kernels (one exp per element, exp stored and rescaled), and
+// rounded back, instead of converting block by block in each of the three passes. Rows longer
+// than kGroup take the blocked path of forward_row / backward_row on the 16-bit data.
 
-template <typename F>
-void for_tasks(const SoftmaxCall& c, F&& fn) {
+constexpr int64_t kGroup = 4096;
+
+template <typename S, bool kLog>
+void forward_rows(const S* x, S* y, int64_t n, int64_t r0, int64_t r1) {
+  if constexpr (!std::is_same_v<S, f16::Compute<S>>) {
+    if (n <= kGroup) {
+      alignas(64) float xb[kGroup], yb[kGroup];
+      const int64_t per = kGroup / n;
+      for (int64_t r = r0; r < r1; r += per) {
+        const int64_t cnt = std::min(per, r1 - r);
+        f16::to_float(x + r * n, xb, cnt * n);
+        for (int64_t i = 0; i < cnt; ++i) forward_row<float, kLog>(xb + i * n, yb + i * n, n);
+        f16::from_float(yb, y + r * n, cnt * n);
+      }
+      return;
+    }
+  }
+  for (int64_t r = r0; r < r1; ++r) forward_row<S, kLog>(x + r * n, y + r * n, n);
+}
+
+template <typename S, SoftmaxOp kOp>
+void backward_rows(const S* y, const S* v, S* out, int64_t n, int64_t r0, int64_t r1) {
+  if constexpr (!std::is_same_v<S, f16::Compute<S>>) {
+    if (n <= kGroup) {
+      alignas(64) float yb[kGroup], vb[kGroup], ob[kGroup];
+      const int64_t per = kGroup / n;
+      for (int64_t r = r0; r < r1; r += per) {
+        const int64_t cnt = std::min(per, r1 - r);
+        f16::to_float(y + r * n, yb, cnt * n);
+        f16::to_float(v + r * n, vb, cnt * n);
+        for (int64_t i = 0; i < cnt; ++i)
+          backward_row<float, kOp>(yb + i * n, vb + i * n, ob + i * n, n);
+        f16::from_float(ob, out + r * n, cnt * n);
+      }
+      return;
+    }
+  }
+  for (int64_t r = r0; r < r1; ++r) backward_row<S, kOp>(y + r * n, v + r * n, out + r * n, n);
+}
+
+// ------------------------------------------------------------------------------------------
+// Task decomposition shared by forward and backward: rows(r0, r1) runs contiguous rows
+// [r0, r1) (inner == 1); cols(offset, w) runs one block of w columns whose first element in row 0
+// of its slab is at `offset` (inner > 1).
+
+template <typename Rows, typename Cols>
+void for_tasks(const SoftmaxCall& c, Rows&& rows, Cols&& cols) {
   if (c.inner == 1) {
     const int64_t rows_per_task = std::max<int64_t>(1, kMinTaskElems / std::max<int64_t>(1, c.n));
-    parallel_for(c.outer, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) fn(r * c.n, int64_t{1});
-    }, rows_per_task);
+    parallel_for(c.outer, [&](int64_t b, int64_t e) { rows(b, e); }, rows_per_task);
     return;
   }
   const int64_t blocks = (c.inner + kCols - 1) / kCols;
@@ -332,9 +378,27 @@ void for_tasks(const SoftmaxCall& c, F&& fn) {
   parallel_for(c.outer * blocks, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t o = t / blocks, c0 = (t % blocks) * kCols;
-      fn(o * slab + c0, std::min(kCols, c.inner - c0));
+      cols(o * slab + c0, std::min(kCols, c.inner - c0));
     }
   }, tasks_min);
+}
+
+template <typename S, bool kLog>
+void run_forward(const SoftmaxCall& c, const S* x, S* out) {
+  for_tasks(
+      c, [&](int64_t r0, int64_t r1) { forward_rows<S, kLog>(x, out, c.n, r0, r1); },
+      [&](int64_t off, int64_t w) {
+        forward_cols<S, kLog>(x + off, out + off, c.n, c.inner, w);
+      });
+}
+
+template <typename S, SoftmaxOp kOp>
+void run_backward(const SoftmaxCall& c, const S* y, const S* v, S* out) {
+  for_tasks(
+      c, [&](int64_t r0, int64_t r1) { backward_rows<S, kOp>(y, v, out, c.n, r0, r1); },
+      [&](int64_t off, int64_t w) {
+        backward_cols<S, kOp>(y + off, v + off, out + off, c.n, c.inner, w);
+      });
 }
 
 template <typename S>
@@ -342,35 +406,20 @@ void run_typed(const SoftmaxCall& c, const void* xv, const void* vv, void* outv)
   const S* x = static_cast<const S*>(xv);
   const S* v = static_cast<const S*>(vv);
   S* out = static_cast<S*>(outv);
-  const bool rows = c.inner == 1;
   if (!c.backward) {
-    const bool log = c.op == SoftmaxOp::kLogSoftmax;
-    for_tasks(c, [&](int64_t off, int64_t w) {
-      if (rows) {
-        log ? forward_row<S, true>(x + off, out + off, c.n)
-            : forward_row<S, false>(x + off, out + off, c.n);
-      } else {
-        log ? forward_cols<S, true>(x + off, out + off, c.n, c.inner, w)
-            : forward_cols<S, false>(x + off, out + off, c.n, c.inner, w);
-      }
-    });
+    if (c.op == SoftmaxOp::kLogSoftmax)
+      run_forward<S, true>(c, x, out);
+    else
+      run_forward<S, false>(c, x, out);
     return;
   }
-  for_tasks(c, [&](int64_t off, int64_t w) {
-    switch (c.op) {
-#define JAXDNN_SOFTMAX_BWD(op)                                                        \
-      case SoftmaxOp::op:                                                             \
-        if (rows)                                                                     \
-          backward_row<S, SoftmaxOp::op>(x + off, v + off, out + off, c.n);           \
-        else                                                                          \
-          backward_cols<S, SoftmaxOp::op>(x + off, v + off, out + off, c.n, c.inner, w); \
-        break;
-      JAXDNN_SOFTMAX_BWD(kSoftmax)
-      JAXDNN_SOFTMAX_BWD(kLogSoftmax)
-      JAXDNN_SOFTMAX_BWD(kLogSoftmaxJvp)
-#undef JAXDNN_SOFTMAX_BWD
-    }
-  });
+  switch (c.op) {
+    case SoftmaxOp::kSoftmax: run_backward<S, SoftmaxOp::kSoftmax>(c, x, v, out); break;
+    case SoftmaxOp::kLogSoftmax: run_backward<S, SoftmaxOp::kLogSoftmax>(c, x, v, out); break;
+    case SoftmaxOp::kLogSoftmaxJvp:
+      run_backward<S, SoftmaxOp::kLogSoftmaxJvp>(c, x, v, out);
+      break;
+  }
 }
 
 }  // namespace
