@@ -1,5 +1,5 @@
-"""jaxdnn: cuDNN-class convolution and pooling primitives for JAX, on C++ and CUDA kernels via
-the XLA FFI.
+"""jaxdnn: cuDNN-class convolution, pooling, activation and softmax primitives for JAX, on C++
+and CUDA kernels via the XLA FFI.
 
     import jaxdnn
     y = jaxdnn.conv(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
@@ -15,6 +15,22 @@ _ffi.load_cpu_extension()  # raises ImportError on an FFI API mismatch with the 
 
 from jaxdnn._src.algorithms import ConvAlgo, MathPrecision  # noqa: E402
 from jaxdnn._src.geometry import ConvGeometry, ConvOp, Layout  # noqa: E402
+from jaxdnn.activations import (  # noqa: E402
+    activation,
+    clipped_relu,
+    elu,
+    gelu,
+    identity,
+    leaky_relu,
+    log_softmax,
+    relu,
+    relu6,
+    sigmoid,
+    silu,
+    softmax,
+    swish,
+    tanh,
+)
 from jaxdnn._src.primitives.conv import (  # noqa: E402
     conv_backward_data,
     conv_backward_filter,
@@ -32,13 +48,27 @@ __all__ = [
     "ConvOp",
     "Layout",
     "MathPrecision",
+    "activation",
     "avg_pool",
+    "clipped_relu",
     "conv",
     "conv_backward_data",
     "conv_backward_filter",
     "conv_forward",
     "conv_transpose",
+    "elu",
+    "gelu",
     "global_avg_pool",
     "global_max_pool",
+    "identity",
+    "leaky_relu",
+    "log_softmax",
     "max_pool",
+    "relu",
+    "relu6",
+    "sigmoid",
+    "silu",
+    "softmax",
+    "swish",
+    "tanh",
 ]

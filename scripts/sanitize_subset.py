@@ -1,5 +1,5 @@
-"""Every GPU family x operation x dtype on small problems, and every pooling kernel, for
-compute-sanitizer (gpu-check)."""
+"""Every GPU family x operation x dtype on small problems, every pooling kernel, and the
+activation and softmax kernels, for compute-sanitizer (gpu-check)."""
 
 import jax
 import jax.numpy as jnp
@@ -56,4 +56,21 @@ for layout, shape, window, strides, padding in POOL_CASES:
       jax.block_until_ready(jax.jit(lambda x: jax.jvp(f, (x,), (x,)))(x))
       jax.block_until_ready(jax.jit(jax.grad(lambda x: jnp.sum(f(x).astype(jnp.float32))))(x))
       pooled += 1
-print(f"checked {checked} (family, op, dtype, geometry) combinations and {pooled} pooling cases")
+# Activations (forward, first and second derivatives; odd sizes and an offset slice) and softmax
+# (warp-per-row, block-per-row and strided kernels, forward and backward).
+pointwise = 0
+for dtype in (jnp.float32, jnp.bfloat16, jnp.float64):
+  x = jnp.asarray(rng.standard_normal((1037,)), dtype)
+  for kind in ("relu", "elu", "sigmoid", "gelu", "gelu_tanh", "silu"):
+    f = lambda x, kind=kind: jnp.sum(jaxdnn.activation(x, kind).astype(jnp.float32))
+    d2 = jax.grad(lambda x, f=f: jnp.sum(jax.grad(f)(x) ** 2))
+    jax.block_until_ready(jax.jit(d2)(x[3:]))
+    pointwise += 1
+  for shape, axis in (((5, 100), -1), ((3, 3000), -1), ((4, 30, 7), 1)):
+    y = jnp.asarray(rng.standard_normal(shape), dtype)
+    for fn in (jaxdnn.softmax, jaxdnn.log_softmax):
+      g = jax.grad(lambda y, fn=fn, axis=axis: jnp.sum(fn(y, axis).astype(jnp.float32) ** 2))
+      jax.block_until_ready(jax.jit(g)(y))
+      pointwise += 1
+print(f"checked {checked} (family, op, dtype, geometry) combinations, {pooled} pooling cases and "
+      f"{pointwise} activation/softmax cases")

@@ -1,5 +1,5 @@
-// XLA FFI handlers of the CPU backend: decode (ffi_conv.h, ffi_pool.h), run (conv_cpu.cc,
-// pool_cpu.cc), report errors.
+// XLA FFI handlers of the CPU backend: decode (ffi_conv.h, ffi_pool.h, ffi_pointwise.h), run
+// (conv_cpu.cc, pool_cpu.cc, activation_cpu.cc, softmax_cpu.cc), report errors.
 #include "handlers.h"
 
 #include <exception>
@@ -8,7 +8,9 @@
 #include "bias_act.h"
 #include "conv_cpu.h"
 #include "jaxdnn/ffi_conv.h"
+#include "jaxdnn/ffi_pointwise.h"
 #include "jaxdnn/ffi_pool.h"
+#include "pointwise_cpu.h"
 #include "pool_cpu.h"
 
 namespace jaxdnn::cpu {
@@ -175,5 +177,77 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AvgPoolForward, pool_handler_impl<PoolOp::kAvgForw
                               pool_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvgPoolBackward, pool_handler_impl<PoolOp::kAvgBackward>,
                               pool_binding());
+
+}  // namespace jaxdnn::cpu
+
+// ---------------------------------------------------------------------------------------------
+// Activations and softmax (activation_cpu.cc, softmax_cpu.cc); the call contract is
+// jaxdnn/ffi_pointwise.h.
+
+namespace jaxdnn::cpu {
+namespace {
+
+template <typename Fn>
+ffi::Error guard_pointwise(const char* what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxdnn ") + what + ": unexpected exception: " +
+                                e.what());
+  } catch (...) {
+    return ffi::Error::Internal(std::string("jaxdnn ") + what + ": unexpected exception");
+  }
+}
+
+ffi::Error activation_call(const ffi::AnyBuffer& s, const ffi::AnyBuffer* dy,
+                           ffi::Result<ffi::AnyBuffer> out, ffi::Dictionary attrs) {
+  ActivationCall c;
+  if (auto e = decode_activation_call(s, dy, *out, attrs, &c); !e.success()) return e;
+  std::string err = run_activation(c, s.untyped_data(), dy ? dy->untyped_data() : nullptr,
+                                   out->untyped_data());
+  if (!err.empty()) return ffi::Error::InvalidArgument("jaxdnn activation: " + err);
+  return ffi::Error::Success();
+}
+
+ffi::Error softmax_call(const ffi::AnyBuffer& x, const ffi::AnyBuffer* v,
+                        ffi::Result<ffi::AnyBuffer> out, ffi::Dictionary attrs) {
+  SoftmaxCall c;
+  if (auto e = decode_softmax_call(x, v, *out, attrs, &c); !e.success()) return e;
+  std::string err = run_softmax(c, x.untyped_data(), v ? v->untyped_data() : nullptr,
+                                out->untyped_data());
+  if (!err.empty()) return ffi::Error::InvalidArgument("jaxdnn softmax: " + err);
+  return ffi::Error::Success();
+}
+
+ffi::Error activation_fwd_impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                               ffi::Dictionary attrs) {
+  return guard_pointwise("activation", [&] { return activation_call(x, nullptr, y, attrs); });
+}
+
+ffi::Error activation_bwd_impl(ffi::AnyBuffer s, ffi::AnyBuffer dy,
+                               ffi::Result<ffi::AnyBuffer> dx, ffi::Dictionary attrs) {
+  return guard_pointwise("activation", [&] { return activation_call(s, &dy, dx, attrs); });
+}
+
+ffi::Error softmax_fwd_impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                            ffi::Dictionary attrs) {
+  return guard_pointwise("softmax", [&] { return softmax_call(x, nullptr, y, attrs); });
+}
+
+ffi::Error softmax_bwd_impl(ffi::AnyBuffer y, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
+                            ffi::Dictionary attrs) {
+  return guard_pointwise("softmax", [&] { return softmax_call(y, &v, out, attrs); });
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationForward, activation_fwd_impl,
+                              bind_unary_pointwise_call(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationBackward, activation_bwd_impl,
+                              bind_binary_pointwise_call(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxForward, softmax_fwd_impl,
+                              bind_unary_pointwise_call(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxBackward, softmax_bwd_impl,
+                              bind_binary_pointwise_call(ffi::Ffi::Bind()));
 
 }  // namespace jaxdnn::cpu

@@ -28,6 +28,10 @@ NB_MODULE(_jaxdnn_cpu, m) {
     d["jaxdnn_max_pool_scatter"] = ffi_capsule(cpu::MaxPoolScatter);
     d["jaxdnn_avg_pool_fwd"] = ffi_capsule(cpu::AvgPoolForward);
     d["jaxdnn_avg_pool_bwd"] = ffi_capsule(cpu::AvgPoolBackward);
+    d["jaxdnn_activation_fwd"] = ffi_capsule(cpu::ActivationForward);
+    d["jaxdnn_activation_bwd"] = ffi_capsule(cpu::ActivationBackward);
+    d["jaxdnn_softmax_fwd"] = ffi_capsule(cpu::SoftmaxForward);
+    d["jaxdnn_softmax_bwd"] = ffi_capsule(cpu::SoftmaxBackward);
     return d;
   });
   m.def(

@@ -17,6 +17,11 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolGather);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolScatter);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolForward);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolBackward);
+// Activations and softmax (pointwise_handlers.cu).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ActivationForward);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ActivationBackward);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(SoftmaxForward);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(SoftmaxBackward);
 }  // namespace jaxdnn::cuda
 
 #endif  // JAXDNN_CUDA_HANDLERS_H_

@@ -51,6 +51,10 @@ NB_MODULE(_jaxdnn_cuda, m) {
     d["jaxdnn_max_pool_scatter"] = ffi_capsule(cuda::MaxPoolScatter);
     d["jaxdnn_avg_pool_fwd"] = ffi_capsule(cuda::AvgPoolForward);
     d["jaxdnn_avg_pool_bwd"] = ffi_capsule(cuda::AvgPoolBackward);
+    d["jaxdnn_activation_fwd"] = ffi_capsule(cuda::ActivationForward);
+    d["jaxdnn_activation_bwd"] = ffi_capsule(cuda::ActivationBackward);
+    d["jaxdnn_softmax_fwd"] = ffi_capsule(cuda::SoftmaxForward);
+    d["jaxdnn_softmax_bwd"] = ffi_capsule(cuda::SoftmaxBackward);
     return d;
   });
   m.def(

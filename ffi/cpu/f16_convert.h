@@ -1,0 +1,46 @@
+// Bulk conversions between the storage types of float16.h and float32 buffers, for kernels that
+// run their arithmetic on blocks of float32 values. float16 uses the F16C instructions eight at a
+// time when the compiler targets them; bfloat16 is a shift (load) and a rounding select (store),
+// which compilers vectorize.
+#ifndef JAXDNN_CPU_F16_CONVERT_H_
+#define JAXDNN_CPU_F16_CONVERT_H_
+
+#include <cstdint>
+
+#include "float16.h"
+
+namespace jaxdnn::cpu::f16 {
+
+template <typename S>
+inline void to_float(const S* __restrict src, float* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = load(src[i]);
+}
+
+template <typename S>
+inline void from_float(const float* __restrict src, S* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = store<S>(src[i]);
+}
+
+#if defined(__F16C__)
+template <>
+inline void to_float<F16>(const F16* __restrict src, float* __restrict dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = load(src[i]);
+}
+
+template <>
+inline void from_float<F16>(const float* __restrict src, F16* __restrict dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) dst[i] = store<F16>(src[i]);
+}
+#endif
+
+}  // namespace jaxdnn::cpu::f16
+
+#endif  // JAXDNN_CPU_F16_CONVERT_H_

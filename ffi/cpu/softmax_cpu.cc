@@ -1,0 +1,441 @@
+// CPU softmax and log_softmax, forward and backward, on [outer, n, inner] views
+// (pointwise_problem.h).
+//
+// inner == 1 (the reduced axis is the last one, or all trailing axes are reduced): contiguous rows
+// of n elements, three passes per row (max; sum of exp(x - m); normalize). The reductions are
+// vectorized (`omp simd` reductions) in an order fixed by the build, so results do not depend on
+// the thread count. Rows are split across the thread pool.
+// inner > 1: each task owns a block of up to kCols columns of one [n, inner] slab and runs the
+// same three passes down the rows, with one accumulator per column (the inner loops run along the
+// contiguous inner dimension).
+//
+// NaN and inf behave as in jax.nn: x - m is NaN where x and the row maximum m are infinities of
+// one sign (a row of all -inf, or any +inf in the row), and a NaN anywhere in a row makes the
+// row's sum, hence its whole output, NaN; -inf entries of an otherwise finite row give 0
+// (softmax) and -inf (log_softmax).
+//
+// float32 softmax stores exp(x - m) into y in the second pass and rescales it in the third.
+// 16-bit rows of up to kGroup elements are widened to float32 in groups of rows and run the
+// float32 kernels; longer 16-bit rows and the strided case convert block by block in each pass
+// (recomputing exp in the third).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "f16_convert.h"
+#include "float16.h"
+#include "parallel.h"
+#include "pointwise_cpu.h"
+#include "vec_math.h"
+
+namespace jaxdnn::cpu {
+namespace {
+
+using f16::BF16;
+using f16::F16;
+
+template <typename C>
+using MathOf = std::conditional_t<std::is_same_v<C, float>, VecMathF, StdMath>;
+
+constexpr int64_t kBlock = 512; // 16-bit types: elements converted per float32 block
+constexpr int64_t kCols = 256;  // strided case: columns per task
+constexpr int64_t kMinTaskElems = 1 << 15;
+
+template <typename C>
+constexpr C kNegInf = -std::numeric_limits<C>::infinity();
+
+// Calls f(block, offset, len) over src[0, n) in blocks of compute-type values (16-bit values are
+// converted into a stack buffer; float32 and float64 are read in place).
+template <typename S, typename F>
+inline void for_blocks(const S* src, int64_t n, F&& f) {
+  if constexpr (std::is_same_v<S, f16::Compute<S>>) {
+    f(src, int64_t{0}, n);
+  } else {
+    alignas(64) float buf[kBlock];
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t len = std::min(kBlock, n - b);
+      f16::to_float(src + b, buf, len);
+      f(static_cast<const float*>(buf), b, len);
+    }
+  }
+}
+
+template <typename S, typename F>
+inline void for_blocks2(const S* a, const S* b, int64_t n, F&& f) {
+  if constexpr (std::is_same_v<S, f16::Compute<S>>) {
+    f(a, b, int64_t{0}, n);
+  } else {
+    alignas(64) float ba[kBlock], bb[kBlock];
+    for (int64_t o = 0; o < n; o += kBlock) {
+      const int64_t len = std::min(kBlock, n - o);
+      f16::to_float(a + o, ba, len);
+      f16::to_float(b + o, bb, len);
+      f(static_cast<const float*>(ba), static_cast<const float*>(bb), o, len);
+    }
+  }
+}
+
+// Writes len computed values: fn(ob) fills ob[0, len), which is dst itself for float32/float64
+// and a stack buffer (then rounded into dst) for the 16-bit types.
+template <typename S, typename F>
+inline void emit(S* dst, int64_t len, F&& fn) {
+  if constexpr (std::is_same_v<S, f16::Compute<S>>) {
+    fn(dst);
+  } else {
+    alignas(64) float ob[kBlock];
+    fn(static_cast<float*>(ob));
+    f16::from_float(ob, dst, len);
+  }
+}
+
+// The loops below take every scalar by value and every array through a restrict pointer (not
+// through lambda captures), so that the compiler can keep them in registers and vectorize. Row
+// reductions are `omp simd` reductions (compiled with -fopenmp-simd: vector partial results,
+// combined in an order fixed by the build, independent of the thread count).
+
+template <typename C>
+inline C block_max(const C* __restrict b, int64_t len, C m) {
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < len; ++i) m = b[i] > m ? b[i] : m;
+  return m;
+}
+
+// sum of exp(b[i] - m), also stored to e[i] when kStore.
+template <typename C, bool kStore>
+inline C block_exp_sum(const C* __restrict b, C* __restrict e, int64_t len, C m, C sum) {
+  using M = MathOf<C>;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < len; ++i) {
+    const C v = M::exp(b[i] - m);
+    if constexpr (kStore) e[i] = v;
+    sum += v;
+  }
+  return sum;
+}
+
+template <typename C>
+inline void scale(C* __restrict e, int64_t len, C f) {
+  for (int64_t i = 0; i < len; ++i) e[i] *= f;
+}
+
+template <typename C>
+inline void exp_scaled(const C* __restrict b, C* __restrict o, int64_t len, C m, C f) {
+  using M = MathOf<C>;
+  for (int64_t i = 0; i < len; ++i) o[i] = M::exp(b[i] - m) * f;
+}
+
+template <typename C>
+inline void shifted(const C* __restrict b, C* __restrict o, int64_t len, C m, C lse) {
+  for (int64_t i = 0; i < len; ++i) o[i] = (b[i] - m) - lse;
+}
+
+// Column forms: one accumulator per column.
+template <typename C>
+inline void col_max(const C* __restrict b, int64_t len, C* __restrict m) {
+  for (int64_t j = 0; j < len; ++j) m[j] = b[j] > m[j] ? b[j] : m[j];
+}
+
+template <typename C, bool kStore>
+inline void col_exp_sum(const C* __restrict b, C* __restrict e, int64_t len,
+                        const C* __restrict m, C* __restrict s) {
+  using M = MathOf<C>;
+  for (int64_t j = 0; j < len; ++j) {
+    const C v = M::exp(b[j] - m[j]);
+    if constexpr (kStore) e[j] = v;
+    s[j] += v;
+  }
+}
+
+template <typename C>
+inline void col_scale(C* __restrict e, int64_t len, const C* __restrict f) {
+  for (int64_t j = 0; j < len; ++j) e[j] *= f[j];
+}
+
+template <typename C>
+inline void col_exp_scaled(const C* __restrict b, C* __restrict o, int64_t len,
+                           const C* __restrict m, const C* __restrict f) {
+  using M = MathOf<C>;
+  for (int64_t j = 0; j < len; ++j) o[j] = M::exp(b[j] - m[j]) * f[j];
+}
+
+template <typename C>
+inline void col_shifted(const C* __restrict b, C* __restrict o, int64_t len,
+                        const C* __restrict m, const C* __restrict lse) {
+  for (int64_t j = 0; j < len; ++j) o[j] = (b[j] - m[j]) - lse[j];
+}
+
+// ------------------------------------------------------------------------------------------
+// Forward.
+
+template <typename S, bool kLog>
+void forward_row(const S* x, S* y, int64_t n) {
+  using C = f16::Compute<S>;
+  C m = kNegInf<C>;
+  for_blocks(x, n, [&](const C* b, int64_t, int64_t len) { m = block_max<C>(b, len, m); });
+
+  C sum = 0;
+  constexpr bool kStoreExp = !kLog && std::is_same_v<S, C>;
+  for_blocks(x, n, [&](const C* b, int64_t off, int64_t len) {
+    if constexpr (kStoreExp)
+      sum = block_exp_sum<C, true>(b, reinterpret_cast<C*>(y) + off, len, m, sum);
+    else
+      sum = block_exp_sum<C, false>(b, nullptr, len, m, sum);
+  });
+
+  if constexpr (kStoreExp) {
+    scale<C>(reinterpret_cast<C*>(y), n, C(1) / sum);
+  } else if constexpr (kLog) {
+    using std::log;
+    const C lse = log(sum);
+    for_blocks(x, n, [&](const C* b, int64_t off, int64_t len) {
+      emit(y + off, len, [&](C* o) { shifted<C>(b, o, len, m, lse); });
+    });
+  } else {
+    const C inv = C(1) / sum;
+    for_blocks(x, n, [&](const C* b, int64_t off, int64_t len) {
+      emit(y + off, len, [&](C* o) { exp_scaled<C>(b, o, len, m, inv); });
+    });
+  }
+}
+
+// Columns [c0, c0 + w) of one [n, inner] slab.
+template <typename S, bool kLog>
+void forward_cols(const S* x, S* y, int64_t n, int64_t inner, int64_t w) {
+  using C = f16::Compute<S>;
+  alignas(64) C m[kCols], s[kCols];
+  std::fill(m, m + w, kNegInf<C>);
+  std::fill(s, s + w, C(0));
+  for (int64_t r = 0; r < n; ++r)
+    for_blocks(x + r * inner, w,
+               [&](const C* b, int64_t off, int64_t len) { col_max<C>(b, len, m + off); });
+  constexpr bool kStoreExp = !kLog && std::is_same_v<S, C>;
+  for (int64_t r = 0; r < n; ++r)
+    for_blocks(x + r * inner, w, [&](const C* b, int64_t off, int64_t len) {
+      if constexpr (kStoreExp)
+        col_exp_sum<C, true>(b, reinterpret_cast<C*>(y) + r * inner + off, len, m + off, s + off);
+      else
+        col_exp_sum<C, false>(b, nullptr, len, m + off, s + off);
+    });
+  if constexpr (kLog) {
+    using std::log;
+    for (int64_t j = 0; j < w; ++j) s[j] = log(s[j]);  // now the shifted log-sum-exp
+  } else {
+    for (int64_t j = 0; j < w; ++j) s[j] = C(1) / s[j];  // now the reciprocal sum
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    if constexpr (kStoreExp) {
+      col_scale<C>(reinterpret_cast<C*>(y) + r * inner, w, s);
+    } else {
+      for_blocks(x + r * inner, w, [&](const C* b, int64_t off, int64_t len) {
+        emit(y + r * inner + off, len, [&](C* o) {
+          if constexpr (kLog)
+            col_shifted<C>(b, o, len, m + off, s + off);
+          else
+            col_exp_scaled<C>(b, o, len, m + off, s + off);
+        });
+      });
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Backward: pass 1 sums a(y, v) over the row, pass 2 writes b(y, v, sum).
+
+template <SoftmaxOp kOp, typename C>
+inline C bwd_term(C y, C v) {
+  using M = MathOf<C>;
+  if constexpr (kOp == SoftmaxOp::kSoftmax) return v * y;
+  if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v;
+  return v * M::exp(y);
+}
+
+template <SoftmaxOp kOp, typename C>
+inline C bwd_out(C y, C v, C sum) {
+  using M = MathOf<C>;
+  if constexpr (kOp == SoftmaxOp::kSoftmax) return y * (v - sum);
+  if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v - M::exp(y) * sum;
+  return v - sum;
+}
+
+template <SoftmaxOp kOp, typename C>
+inline C block_bwd_sum(const C* __restrict y, const C* __restrict v, int64_t len, C sum) {
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < len; ++i) sum += bwd_term<kOp, C>(y[i], v[i]);
+  return sum;
+}
+
+template <SoftmaxOp kOp, typename C>
+inline void bwd_write(const C* __restrict y, const C* __restrict v, C* __restrict o, int64_t len,
+                      C sum) {
+  for (int64_t i = 0; i < len; ++i) o[i] = bwd_out<kOp, C>(y[i], v[i], sum);
+}
+
+template <SoftmaxOp kOp, typename C>
+inline void col_bwd_sum(const C* __restrict y, const C* __restrict v, int64_t len,
+                        C* __restrict s) {
+  for (int64_t j = 0; j < len; ++j) s[j] += bwd_term<kOp, C>(y[j], v[j]);
+}
+
+template <SoftmaxOp kOp, typename C>
+inline void col_bwd_write(const C* __restrict y, const C* __restrict v, C* __restrict o,
+                          int64_t len, const C* __restrict s) {
+  for (int64_t j = 0; j < len; ++j) o[j] = bwd_out<kOp, C>(y[j], v[j], s[j]);
+}
+
+template <typename S, SoftmaxOp kOp>
+void backward_row(const S* y, const S* v, S* out, int64_t n) {
+  using C = f16::Compute<S>;
+  C sum = 0;
+  for_blocks2(y, v, n, [&](const C* yb, const C* vb, int64_t, int64_t len) {
+    sum = block_bwd_sum<kOp, C>(yb, vb, len, sum);
+  });
+  for_blocks2(y, v, n, [&](const C* yb, const C* vb, int64_t off, int64_t len) {
+    emit(out + off, len, [&](C* o) { bwd_write<kOp, C>(yb, vb, o, len, sum); });
+  });
+}
+
+template <typename S, SoftmaxOp kOp>
+void backward_cols(const S* y, const S* v, S* out, int64_t n, int64_t inner, int64_t w) {
+  using C = f16::Compute<S>;
+  alignas(64) C s[kCols];
+  std::fill(s, s + w, C(0));
+  for (int64_t r = 0; r < n; ++r)
+    for_blocks2(y + r * inner, v + r * inner, w,
+                [&](const C* yb, const C* vb, int64_t off, int64_t len) {
+                  col_bwd_sum<kOp, C>(yb, vb, len, s + off);
+                });
+  for (int64_t r = 0; r < n; ++r)
+    for_blocks2(y + r * inner, v + r * inner, w,
+                [&](const C* yb, const C* vb, int64_t off, int64_t len) {
+                  emit(out + r * inner + off, len,
+                       [&](C* o) { col_bwd_write<kOp, C>(yb, vb, o, len, s + off); });
+                });
+}
+
+// ------------------------------------------------------------------------------------------
+// Rows of the 16-bit types: groups of whole rows (at most kGroup elements) are widened to float32
+// once, run through the float32 row kernels (one exp per element, exp stored and rescaled), and
+// rounded back, instead of converting block by block in each of the three passes. Rows longer
+// than kGroup take the blocked path of forward_row / backward_row on the 16-bit data.
+
+constexpr int64_t kGroup = 4096;
+
+template <typename S, bool kLog>
+void forward_rows(const S* x, S* y, int64_t n, int64_t r0, int64_t r1) {
+  if constexpr (!std::is_same_v<S, f16::Compute<S>>) {
+    if (n <= kGroup) {
+      alignas(64) float xb[kGroup], yb[kGroup];
+      const int64_t per = kGroup / n;
+      for (int64_t r = r0; r < r1; r += per) {
+        const int64_t cnt = std::min(per, r1 - r);
+        f16::to_float(x + r * n, xb, cnt * n);
+        for (int64_t i = 0; i < cnt; ++i) forward_row<float, kLog>(xb + i * n, yb + i * n, n);
+        f16::from_float(yb, y + r * n, cnt * n);
+      }
+      return;
+    }
+  }
+  for (int64_t r = r0; r < r1; ++r) forward_row<S, kLog>(x + r * n, y + r * n, n);
+}
+
+template <typename S, SoftmaxOp kOp>
+void backward_rows(const S* y, const S* v, S* out, int64_t n, int64_t r0, int64_t r1) {
+  if constexpr (!std::is_same_v<S, f16::Compute<S>>) {
+    if (n <= kGroup) {
+      alignas(64) float yb[kGroup], vb[kGroup], ob[kGroup];
+      const int64_t per = kGroup / n;
+      for (int64_t r = r0; r < r1; r += per) {
+        const int64_t cnt = std::min(per, r1 - r);
+        f16::to_float(y + r * n, yb, cnt * n);
+        f16::to_float(v + r * n, vb, cnt * n);
+        for (int64_t i = 0; i < cnt; ++i)
+          backward_row<float, kOp>(yb + i * n, vb + i * n, ob + i * n, n);
+        f16::from_float(ob, out + r * n, cnt * n);
+      }
+      return;
+    }
+  }
+  for (int64_t r = r0; r < r1; ++r) backward_row<S, kOp>(y + r * n, v + r * n, out + r * n, n);
+}
+
+// ------------------------------------------------------------------------------------------
+// Task decomposition shared by forward and backward: rows(r0, r1) runs contiguous rows
+// [r0, r1) (inner == 1); cols(offset, w) runs one block of w columns whose first element in row 0
+// of its slab is at `offset` (inner > 1).
+
+template <typename Rows, typename Cols>
+void for_tasks(const SoftmaxCall& c, Rows&& rows, Cols&& cols) {
+  if (c.inner == 1) {
+    const int64_t rows_per_task = std::max<int64_t>(1, kMinTaskElems / std::max<int64_t>(1, c.n));
+    parallel_for(c.outer, [&](int64_t b, int64_t e) { rows(b, e); }, rows_per_task);
+    return;
+  }
+  const int64_t blocks = (c.inner + kCols - 1) / kCols;
+  const int64_t slab = c.n * c.inner;
+  const int64_t tasks_min = std::max<int64_t>(1, kMinTaskElems / std::max<int64_t>(1, c.n * kCols));
+  parallel_for(c.outer * blocks, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / blocks, c0 = (t % blocks) * kCols;
+      cols(o * slab + c0, std::min(kCols, c.inner - c0));
+    }
+  }, tasks_min);
+}
+
+template <typename S, bool kLog>
+void run_forward(const SoftmaxCall& c, const S* x, S* out) {
+  for_tasks(
+      c, [&](int64_t r0, int64_t r1) { forward_rows<S, kLog>(x, out, c.n, r0, r1); },
+      [&](int64_t off, int64_t w) {
+        forward_cols<S, kLog>(x + off, out + off, c.n, c.inner, w);
+      });
+}
+
+template <typename S, SoftmaxOp kOp>
+void run_backward(const SoftmaxCall& c, const S* y, const S* v, S* out) {
+  for_tasks(
+      c, [&](int64_t r0, int64_t r1) { backward_rows<S, kOp>(y, v, out, c.n, r0, r1); },
+      [&](int64_t off, int64_t w) {
+        backward_cols<S, kOp>(y + off, v + off, out + off, c.n, c.inner, w);
+      });
+}
+
+template <typename S>
+void run_typed(const SoftmaxCall& c, const void* xv, const void* vv, void* outv) {
+  const S* x = static_cast<const S*>(xv);
+  const S* v = static_cast<const S*>(vv);
+  S* out = static_cast<S*>(outv);
+  if (!c.backward) {
+    if (c.op == SoftmaxOp::kLogSoftmax)
+      run_forward<S, true>(c, x, out);
+    else
+      run_forward<S, false>(c, x, out);
+    return;
+  }
+  switch (c.op) {
+    case SoftmaxOp::kSoftmax: run_backward<S, SoftmaxOp::kSoftmax>(c, x, v, out); break;
+    case SoftmaxOp::kLogSoftmax: run_backward<S, SoftmaxOp::kLogSoftmax>(c, x, v, out); break;
+    case SoftmaxOp::kLogSoftmaxJvp:
+      run_backward<S, SoftmaxOp::kLogSoftmaxJvp>(c, x, v, out);
+      break;
+  }
+}
+
+}  // namespace
+
+std::string run_softmax(const SoftmaxCall& c, const void* x, const void* v, void* out) {
+  if (c.backward && v == nullptr) return "the backward needs a second operand";
+  if (!c.backward && c.op == SoftmaxOp::kLogSoftmaxJvp) return "not a forward operation";
+  if (c.outer == 0 || c.n == 0 || c.inner == 0) return "";
+  switch (c.dtype) {
+    case DType::kF32: run_typed<float>(c, x, v, out); break;
+    case DType::kF64: run_typed<double>(c, x, v, out); break;
+    case DType::kBF16: run_typed<BF16>(c, x, v, out); break;
+    case DType::kF16: run_typed<F16>(c, x, v, out); break;
+    default: return "unsupported dtype";
+  }
+  return "";
+}
+
+}  // namespace jaxdnn::cpu

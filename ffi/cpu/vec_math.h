@@ -1,0 +1,163 @@
+// Branch-free float32 exp, expm1, tanh and erfc that compilers vectorize (the standard library's
+// are opaque calls, so loops over them stay scalar). VecMathF plugs into activation.h's math
+// policy parameter: activate<float, VecMathF>(...).
+//
+// Accuracy (measured over 2e7 random floats against double-precision libm): relative error at most
+// 8e-8 for exp (1 ulp), 2.5e-7 for expm1, 3e-7 for tanh, 5e-7 for erfc; erfc is 0 for x > 10,
+// where the true value is below 3e-45. (erf = 1 - erfc would lose relative accuracy near 0; only
+// erfc is provided: gelu needs Phi(x) = erfc(-x / sqrt(2)) / 2, which is near 1/2 there.)
+// Special values follow the standard library: exp(-inf) = 0, exp(+inf) = +inf, tanh(+-inf) = +-1,
+// erfc(-inf) = 2, erfc(+inf) = 0; NaN in, NaN out. Subnormal results of exp are produced; results
+// below the smallest subnormal round to 0.
+//
+// Method (scripts/fit_vec_math.py regenerates the fitted coefficients). exp: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2, n found by the
+// 1.5 * 2^23 rounding trick, so no float-to-int conversion of out-of-range values), e^r by its
+// Taylor polynomial to r^7, and 2^n applied as two factors 2^(n/2) 2^(n - n/2) so that every
+// result from the largest float down to the subnormals is reachable. expm1: the Taylor polynomial
+// to x^8 for |x| < ln2/2, exp(x) - 1 elsewhere. tanh: x P(x^2) / Q(x^2) with P, Q of degree 4, a
+// relative-error least-squares fit (Lawson-reweighted linearized rational fit) on [0, 9.2], x
+// clamped to +-9.2 where tanh rounds to 1. erfc: e^(-x^2) R(1 / (1 + |x|/2)) (reflected for
+// x < 0), R a degree-10 least-squares polynomial fit (Chebyshev-weighted, against mpmath) of
+// erfcx(x) = e^(x^2) erfc(x) on [0, 10]; e^(-x^2) is corrected for the rounding of x^2 with an FMA.
+#ifndef JAXDNN_CPU_VEC_MATH_H_
+#define JAXDNN_CPU_VEC_MATH_H_
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+// Always inlined: a call inside a loop stops its vectorization, and GCC's inliner gives up on
+// these once a translation unit has inlined them in many places.
+#if defined(__GNUC__)
+#define JAXDNN_VEC_INLINE inline __attribute__((always_inline))
+#else
+#define JAXDNN_VEC_INLINE inline
+#endif
+
+namespace jaxdnn::cpu {
+
+namespace vec_math_detail {
+
+JAXDNN_VEC_INLINE float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+JAXDNN_VEC_INLINE uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// 2^n for integers |n| <= 127 (n comes in as the raw bits of the rounding trick's sum).
+JAXDNN_VEC_INLINE float pow2i(uint32_t n_plus_127) { return bits_to_float(n_plus_127 << 23); }
+
+}  // namespace vec_math_detail
+
+struct VecMathF {
+  static JAXDNN_VEC_INLINE float exp(float x) {
+    using namespace vec_math_detail;
+    constexpr float kHi = 88.72283935546875f;    // above: overflow to +inf
+    constexpr float kLo = -103.97208404541016f;  // below: underflow to 0
+    constexpr float kLog2e = 1.44269504088896341f;
+    constexpr float kLn2Hi = 0.693359375f;        // 11 significant bits: n * kLn2Hi is exact
+    constexpr float kLn2Lo = -2.12194440e-4f;
+    constexpr float kMagic = 12582912.0f;         // 1.5 * 2^23
+    const float xc = x > kHi ? kHi : (x < kLo ? kLo : x);  // keeps NaN
+    const float shifted = xc * kLog2e + kMagic;
+    const float fn = shifted - kMagic;                        // round(x / ln2), as a float
+    const int32_t n = static_cast<int32_t>(float_to_bits(shifted) - float_to_bits(kMagic));
+    float r = xc - fn * kLn2Hi;
+    r = r - fn * kLn2Lo;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t n1 = n >> 1;  // arithmetic shift: floor(n / 2)
+    const int32_t n2 = n - n1;
+    const float y = p * pow2i(static_cast<uint32_t>(n1 + 127)) *
+                    pow2i(static_cast<uint32_t>(n2 + 127));
+    const float inf = std::numeric_limits<float>::infinity();
+    return x > kHi ? inf : (x < kLo ? 0.0f : y);
+  }
+
+  static JAXDNN_VEC_INLINE float expm1(float x) {
+    const float small = x * (1.0f + x * (0.5f + x * (1.0f / 6 + x * (1.0f / 24 + x * (
+        1.0f / 120 + x * (1.0f / 720 + x * (1.0f / 5040 + x * (1.0f / 40320))))))));
+    const float ax = x < 0.0f ? -x : x;
+    return ax < 0.34657359f ? small : exp(x) - 1.0f;
+  }
+
+  static JAXDNN_VEC_INLINE float tanh(float x) {
+    // x P(x^2) / Q(x^2) on x clamped to +-9.2 (beyond, tanh rounds to +-1).
+    const float xc = x > 9.2f ? 9.2f : (x < -9.2f ? -9.2f : x);  // keeps NaN
+    const float u = xc * xc;
+    float p = 1.3002467594926777e-08f;
+    p = p * u + 2.03538740431329e-05f;
+    p = p * u + 3.4800415414796334e-03f;
+    p = p * u + 1.3367924747985183e-01f;
+    p = p * u + 9.999999750802929e-01f;
+    float q = 7.632092050704622e-07f;
+    q = q * u + 3.2602354039567715e-04f;
+    q = q * u + 2.5817802718779505e-02f;
+    q = q * u + 4.6701236740914925e-01f;
+    q = q * u + 1.0f;
+    const float t = xc * p / q;
+    return t > 1.0f ? 1.0f : (t < -1.0f ? -1.0f : t);
+  }
+
+  // erfcx(a) ~ R(1 / (1 + a/2)) for a in [0, 10] (see the header comment).
+  static JAXDNN_VEC_INLINE float erfcx_fit(float a) {
+    const float t = 1.0f / (1.0f + 0.5f * a);
+    float r = 3.398299039620364e-02f;
+    r = r * t - 2.4513568119715645e-01f;
+    r = r * t + 7.276142897540214e-01f;
+    r = r * t - 1.0895214677043006f;
+    r = r * t + 7.942426840846346e-01f;
+    r = r * t - 3.170884297990074e-01f;
+    r = r * t + 3.1107081276056736e-01f;
+    r = r * t + 2.166855705143187e-01f;
+    r = r * t + 2.8639470210757756e-01f;
+    r = r * t + 2.817418810138752e-01f;
+    r = r * t + 1.2645738713845667e-05f;
+    return r;
+  }
+
+  // e^(-a^2) for a >= 0, corrected for the rounding of a^2 (an FMA recovers its error).
+  static JAXDNN_VEC_INLINE float exp_neg_square(float a) {
+    const float a2 = a * a;
+#if defined(__FMA__)
+    const float a2_err = __builtin_fmaf(a, a, -a2);  // a * a = a2 + a2_err exactly
+#else
+    const float a2_err = 0.0f;
+#endif
+    return exp(-a2) * (1.0f - a2_err);
+  }
+
+  static JAXDNN_VEC_INLINE float erfc(float x) {
+    // erfc(|x|) = e^(-x^2) R(t), t = 1 / (1 + |x|/2), reflected for x < 0.
+    const float ax = x < 0.0f ? -x : x;
+    const float a = ax > 10.0f ? 10.0f : ax;  // erfc(10) underflows anyway; keeps NaN
+    const float tail = exp_neg_square(a) * erfcx_fit(a);
+    return x < 0.0f ? 2.0f - tail : (ax > 10.0f ? 0.0f : tail);
+  }
+
+  // The standard normal CDF Phi(x) = erfc(-x / sqrt(2)) / 2 and density phi(x) =
+  // e^(-x^2 / 2) / sqrt(2 pi), sharing one exponential (gelu's derivative needs both).
+  static JAXDNN_VEC_INLINE void normal_cdf_pdf(float x, float* cdf, float* pdf) {
+    const float ax = (x < 0.0f ? -x : x) * 0.70710678118654752f;
+    const float a = ax > 10.0f ? 10.0f : ax;  // keeps NaN
+    const float e = exp_neg_square(a);
+    const float half_tail = 0.5f * e * erfcx_fit(a);
+    *cdf = x > 0.0f ? 1.0f - half_tail : half_tail;
+    *pdf = ax > 10.0f ? 0.0f : 0.39894228040143268f * e;
+  }
+};
+
+}  // namespace jaxdnn::cpu
+
+#endif  // JAXDNN_CPU_VEC_MATH_H_

@@ -1,0 +1,576 @@
+// CUDA activation and softmax kernels (pointwise_problem.h describes the operations).
+//
+// Activations: memory-bound elementwise kernels. The arrays are processed as 16-byte vectors
+// (8 x 16-bit, 4 x f32, 2 x f64 per load/store) with a grid-stride loop over a grid sized to
+// the device (resident blocks per SM x SM count), each thread issuing kUnroll independent vector
+// loads before computing, so that enough bytes are in flight to saturate HBM. Operands and result
+// may start at any address: when all of them share one offset modulo 16 bytes, a scalar head
+// brings them to a 16-byte boundary and a scalar tail finishes the array; otherwise (mixed
+// offsets) the whole array runs the scalar path. The formulas are activation.h's (CUDA's math
+// library: expf, tanhf, erfcf, ...), instantiated per kind at compile time; 16-bit types compute
+// in float, float64 in double.
+//
+// Softmax over [outer, n, inner], max-subtracted, sums in float (double for float64):
+//   inner == 1, n <= 1024: one warp per row, the row held in registers (read once, written once);
+//   inner == 1, n > 1024:  one block per row, three passes over the row (max, sum, write);
+//   inner > 1:             one thread per (outer, inner) column, three passes down the column
+//                          (consecutive threads read consecutive addresses).
+// All indexing is 64-bit. Every launch is checked.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "pointwise_cuda.h"
+
+namespace jaxdnn::cuda {
+namespace {
+
+using i64 = int64_t;
+
+// ---------------------------------------------------------------------------------------------
+// Element types.
+
+template <typename S> struct Elem { using C = float; };
+template <> struct Elem<double> { using C = double; };
+
+__device__ __forceinline__ float to_c(float v) { return v; }
+__device__ __forceinline__ double to_c(double v) { return v; }
+__device__ __forceinline__ float to_c(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_c(__half v) { return __half2float(v); }
+
+template <typename S> __device__ __forceinline__ S from_c(typename Elem<S>::C v);
+template <> __device__ __forceinline__ float from_c<float>(float v) { return v; }
+template <> __device__ __forceinline__ double from_c<double>(double v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_c<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half from_c<__half>(float v) { return __float2half_rn(v); }
+
+// SM count of the current device, cached (a host query; no stream work).
+int sm_count() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev >= 0 && dev < 64) {
+    if (int v = cache[dev].load(std::memory_order_relaxed)) return v;
+  }
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+  if (dev >= 0 && dev < 64) cache[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+std::string check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return std::string(what) + ": " + cudaGetErrorString(e);
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations.
+
+enum class Op { kForward, kGradInput, kGradOutput, kGrad2Input, kGrad2Output };
+
+template <Op kOp, Activation kA, typename C>
+__device__ __forceinline__ C pointwise(C s, C p) {
+  if constexpr (kOp == Op::kForward) return activate<C>(kA, s, p);
+  if constexpr (kOp == Op::kGradInput) return activation_grad_from_input<C>(kA, s, p);
+  if constexpr (kOp == Op::kGradOutput) return activation_grad_from_output<C>(kA, s, p);
+  if constexpr (kOp == Op::kGrad2Input) return activation_grad2_from_input<C>(kA, s, p);
+  return activation_grad2_from_output<C>(kA, s, p);
+}
+
+// out = op(s) (* d). relu and relu6's first derivatives select the cotangent (as jax.nn does:
+// a NaN or inf d outside the linear piece still gives 0) rather than multiply it by 0.
+template <Op kOp, Activation kA, typename C>
+__device__ __forceinline__ C apply(C s, C d, C p) {
+  if constexpr (kOp == Op::kForward) {
+    return pointwise<kOp, kA, C>(s, p);
+  } else if constexpr ((kOp == Op::kGradInput || kOp == Op::kGradOutput) &&
+                       (kA == Activation::kRelu || kA == Activation::kClippedRelu)) {
+    return pointwise<kOp, kA, C>(s, p) != C(0) ? d : C(0);
+  } else {
+    return d * pointwise<kOp, kA, C>(s, p);
+  }
+}
+
+constexpr int kActThreads = 256;
+constexpr int kUnroll = 2;
+
+template <typename S, Op kOp, Activation kA>
+__global__ void __launch_bounds__(kActThreads)
+    activation_kernel(const S* __restrict__ s, const S* __restrict__ dy, S* __restrict__ out,
+                      i64 n, i64 head, i64 nvec, double param) {
+  using C = typename Elem<S>::C;
+  constexpr int V = 16 / sizeof(S);
+  constexpr bool kBinary = kOp != Op::kForward;
+  const C p = static_cast<C>(param);
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  const i64 tid = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+
+  // 16-byte vectors: [head, head + nvec * V).
+  const uint4* sv = reinterpret_cast<const uint4*>(s + head);
+  const uint4* dv = reinterpret_cast<const uint4*>(kBinary ? dy + head : s + head);
+  uint4* ov = reinterpret_cast<uint4*>(out + head);
+  for (i64 i = tid; i < nvec; i += kUnroll * stride) {
+    uint4 a[kUnroll], d[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const i64 k = i + u * stride;
+      if (k < nvec) {
+        a[u] = __ldg(sv + k);
+        if constexpr (kBinary) d[u] = __ldg(dv + k);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const i64 k = i + u * stride;
+      if (k < nvec) {
+        const S* ae = reinterpret_cast<const S*>(&a[u]);
+        uint4 r;
+        S* re = reinterpret_cast<S*>(&r);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          C dval = C(0);
+          if constexpr (kBinary) dval = to_c(reinterpret_cast<const S*>(&d[u])[e]);
+          re[e] = from_c<S>(apply<kOp, kA, C>(to_c(ae[e]), dval, p));
+        }
+        ov[k] = r;
+      }
+    }
+  }
+
+  // Scalars: the head [0, head) and the tail [head + nvec * V, n).
+  const i64 tail0 = head + nvec * V;
+  const i64 nscalar = head + (n - tail0);
+  for (i64 k = tid; k < nscalar; k += stride) {
+    const i64 e = k < head ? k : tail0 + (k - head);
+    C dval = C(0);
+    if constexpr (kBinary) dval = to_c(dy[e]);
+    out[e] = from_c<S>(apply<kOp, kA, C>(to_c(s[e]), dval, p));
+  }
+}
+
+template <typename S, Op kOp, Activation kA>
+std::string launch_activation(const ActivationCall& c, const void* s, const void* dy, void* out,
+                              cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(S);
+  const i64 n = c.n;
+  // The vector path needs every buffer at one offset modulo 16 bytes (a whole number of
+  // elements); the scalar head then aligns them.
+  const uintptr_t off = reinterpret_cast<uintptr_t>(s) % 16;
+  bool vectorize = off % sizeof(S) == 0 && reinterpret_cast<uintptr_t>(out) % 16 == off;
+  if (kOp != Op::kForward) vectorize = vectorize && reinterpret_cast<uintptr_t>(dy) % 16 == off;
+  i64 head = n, nvec = 0;
+  if (vectorize) {
+    head = std::min<i64>(n, static_cast<i64>((16 - off) % 16 / sizeof(S)));
+    nvec = (n - head) / V;
+  }
+  const i64 nscalar = n - nvec * V;
+  const i64 work = std::max<i64>((nvec + kUnroll - 1) / kUnroll, nscalar);
+
+  static std::atomic<int> resident{0};  // blocks per SM, per instantiation
+  int per_sm = resident.load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, activation_kernel<S, kOp, kA>,
+                                                      kActThreads, 0) != cudaSuccess ||
+        per_sm <= 0)
+      per_sm = 4;
+    resident.store(per_sm, std::memory_order_relaxed);
+  }
+  const i64 full = std::max<i64>(1, static_cast<i64>(sm_count()) * per_sm);
+  const i64 blocks = std::max<i64>(1, std::min<i64>((work + kActThreads - 1) / kActThreads, full));
+  activation_kernel<S, kOp, kA><<<static_cast<unsigned>(blocks), kActThreads, 0, stream>>>(
+      static_cast<const S*>(s), static_cast<const S*>(dy), static_cast<S*>(out), n, head, nvec,
+      c.param);
+  return check_launch("jaxdnn activation kernel launch");
+}
+
+template <typename S, Op kOp>
+std::string dispatch_kind(const ActivationCall& c, const void* s, const void* dy, void* out,
+                          cudaStream_t stream) {
+  switch (c.activation) {
+#define JAXDNN_ACT_CASE(kind) \
+    case Activation::kind: return launch_activation<S, kOp, Activation::kind>(c, s, dy, out, stream);
+    JAXDNN_ACT_CASE(kIdentity)
+    JAXDNN_ACT_CASE(kRelu)
+    JAXDNN_ACT_CASE(kLeakyRelu)
+    JAXDNN_ACT_CASE(kClippedRelu)
+    JAXDNN_ACT_CASE(kElu)
+    JAXDNN_ACT_CASE(kSigmoid)
+    JAXDNN_ACT_CASE(kTanh)
+    JAXDNN_ACT_CASE(kGelu)
+    JAXDNN_ACT_CASE(kGeluTanh)
+    JAXDNN_ACT_CASE(kSilu)
+#undef JAXDNN_ACT_CASE
+  }
+  return "unknown activation";
+}
+
+template <typename S>
+std::string dispatch_op(const ActivationCall& c, const void* s, const void* dy, void* out,
+                        cudaStream_t stream) {
+  if (c.derivative == 0) return dispatch_kind<S, Op::kForward>(c, s, dy, out, stream);
+  if (c.derivative == 1)
+    return c.from_output ? dispatch_kind<S, Op::kGradOutput>(c, s, dy, out, stream)
+                         : dispatch_kind<S, Op::kGradInput>(c, s, dy, out, stream);
+  return c.from_output ? dispatch_kind<S, Op::kGrad2Output>(c, s, dy, out, stream)
+                       : dispatch_kind<S, Op::kGrad2Input>(c, s, dy, out, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax.
+
+template <typename C> __device__ __forceinline__ C neg_inf();
+template <> __device__ __forceinline__ float neg_inf<float>() { return -CUDART_INF_F; }
+template <> __device__ __forceinline__ double neg_inf<double>() { return -CUDART_INF; }
+
+template <typename C> __device__ __forceinline__ C exp_c(C v) { return exp(v); }
+template <> __device__ __forceinline__ float exp_c<float>(float v) { return expf(v); }
+template <typename C> __device__ __forceinline__ C log_c(C v) { return log(v); }
+template <> __device__ __forceinline__ float log_c<float>(float v) { return logf(v); }
+
+// NaN is skipped by the max (it reaches the output through the sum instead, as in jax.nn).
+template <typename C> __device__ __forceinline__ C max_c(C a, C b) { return b > a ? b : a; }
+
+template <typename C>
+__device__ __forceinline__ C warp_max(C v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max_c(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+template <typename C>
+__device__ __forceinline__ C warp_sum(C v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// All threads of the block get the max (kMax) or the sum of v. Call from every thread.
+template <bool kMax, typename C>
+__device__ __forceinline__ C block_allreduce(C v) {
+  __shared__ C partial[33];
+  v = kMax ? warp_max(v) : warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = (blockDim.x + 31) >> 5;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    C w = lane < warps ? partial[lane] : (kMax ? neg_inf<C>() : C(0));
+    w = kMax ? warp_max(w) : warp_sum(w);
+    if (lane == 0) partial[32] = w;
+  }
+  __syncthreads();
+  const C r = partial[32];
+  __syncthreads();  // partial is reused by the next call
+  return r;
+}
+
+// Backward: pass 1 sums term(y, v), pass 2 writes out(y, v, sum) (pointwise_problem.h).
+template <SoftmaxOp kOp, typename C>
+__device__ __forceinline__ C bwd_term(C y, C v) {
+  if constexpr (kOp == SoftmaxOp::kSoftmax) return v * y;
+  if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v;
+  return v * exp_c(y);
+}
+
+template <SoftmaxOp kOp, typename C>
+__device__ __forceinline__ C bwd_out(C y, C v, C sum) {
+  if constexpr (kOp == SoftmaxOp::kSoftmax) return y * (v - sum);
+  if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v - exp_c(y) * sum;
+  return v - sum;
+}
+
+constexpr int kWarpRowThreads = 128;  // 4 rows per block
+constexpr int kBlockRowThreads = 512;
+constexpr int kColThreads = 256;
+
+// --- one warp per row (n <= 32 * kPer) ---
+
+template <typename S, bool kLog, int kPer>
+__global__ void __launch_bounds__(kWarpRowThreads)
+    softmax_fwd_warp(const S* __restrict__ x, S* __restrict__ y, i64 rows, int n) {
+  using C = typename Elem<S>::C;
+  const int lane = threadIdx.x & 31;
+  const i64 warps = static_cast<i64>(gridDim.x) * (blockDim.x >> 5);
+  for (i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       row < rows; row += warps) {
+    const S* xr = x + row * n;
+    S* yr = y + row * n;
+    C v[kPer];
+    C m = neg_inf<C>();
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = lane + 32 * k;
+      v[k] = i < n ? to_c(xr[i]) : neg_inf<C>();
+      m = max_c(m, v[k]);
+    }
+    m = warp_max(m);
+    C sum = 0;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (lane + 32 * k < n) {
+        const C e = exp_c(v[k] - m);
+        sum += e;
+        if constexpr (!kLog) v[k] = e;
+      }
+    }
+    sum = warp_sum(sum);
+    if constexpr (kLog) {
+      const C lse = log_c(sum);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k)
+        if (lane + 32 * k < n) yr[lane + 32 * k] = from_c<S>((v[k] - m) - lse);
+    } else {
+      const C inv = C(1) / sum;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k)
+        if (lane + 32 * k < n) yr[lane + 32 * k] = from_c<S>(v[k] * inv);
+    }
+  }
+}
+
+template <typename S, SoftmaxOp kOp, int kPer>
+__global__ void __launch_bounds__(kWarpRowThreads)
+    softmax_bwd_warp(const S* __restrict__ y, const S* __restrict__ g, S* __restrict__ out,
+                     i64 rows, int n) {
+  using C = typename Elem<S>::C;
+  const int lane = threadIdx.x & 31;
+  const i64 warps = static_cast<i64>(gridDim.x) * (blockDim.x >> 5);
+  for (i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       row < rows; row += warps) {
+    const i64 base = row * n;
+    C yv[kPer], gv[kPer];
+    C sum = 0;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = lane + 32 * k;
+      if (i < n) {
+        yv[k] = to_c(y[base + i]);
+        gv[k] = to_c(g[base + i]);
+        sum += bwd_term<kOp, C>(yv[k], gv[k]);
+      }
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int i = lane + 32 * k;
+      if (i < n) out[base + i] = from_c<S>(bwd_out<kOp, C>(yv[k], gv[k], sum));
+    }
+  }
+}
+
+// --- one block per row ---
+
+template <typename S, bool kLog>
+__global__ void __launch_bounds__(kBlockRowThreads)
+    softmax_fwd_block(const S* __restrict__ x, S* __restrict__ y, i64 rows, i64 n) {
+  using C = typename Elem<S>::C;
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const S* xr = x + row * n;
+    S* yr = y + row * n;
+    C m = neg_inf<C>();
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) m = max_c(m, to_c(xr[i]));
+    m = block_allreduce<true>(m);
+    C sum = 0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) sum += exp_c(to_c(xr[i]) - m);
+    sum = block_allreduce<false>(sum);
+    if constexpr (kLog) {
+      const C lse = log_c(sum);
+      for (i64 i = threadIdx.x; i < n; i += blockDim.x) yr[i] = from_c<S>((to_c(xr[i]) - m) - lse);
+    } else {
+      const C inv = C(1) / sum;
+      for (i64 i = threadIdx.x; i < n; i += blockDim.x)
+        yr[i] = from_c<S>(exp_c(to_c(xr[i]) - m) * inv);
+    }
+  }
+}
+
+template <typename S, SoftmaxOp kOp>
+__global__ void __launch_bounds__(kBlockRowThreads)
+    softmax_bwd_block(const S* __restrict__ y, const S* __restrict__ g, S* __restrict__ out,
+                      i64 rows, i64 n) {
+  using C = typename Elem<S>::C;
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const i64 base = row * n;
+    C sum = 0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x)
+      sum += bwd_term<kOp, C>(to_c(y[base + i]), to_c(g[base + i]));
+    sum = block_allreduce<false>(sum);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x)
+      out[base + i] = from_c<S>(bwd_out<kOp, C>(to_c(y[base + i]), to_c(g[base + i]), sum));
+  }
+}
+
+// --- one thread per column of a strided (inner > 1) view ---
+
+template <typename S, bool kLog>
+__global__ void __launch_bounds__(kColThreads)
+    softmax_fwd_cols(const S* __restrict__ x, S* __restrict__ y, i64 outer, i64 n, i64 inner) {
+  using C = typename Elem<S>::C;
+  const i64 cols = outer * inner;
+  for (i64 col = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; col < cols;
+       col += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 base = (col / inner) * n * inner + col % inner;
+    C m = neg_inf<C>();
+    for (i64 r = 0; r < n; ++r) m = max_c(m, to_c(x[base + r * inner]));
+    C sum = 0;
+    for (i64 r = 0; r < n; ++r) sum += exp_c(to_c(x[base + r * inner]) - m);
+    if constexpr (kLog) {
+      const C lse = log_c(sum);
+      for (i64 r = 0; r < n; ++r)
+        y[base + r * inner] = from_c<S>((to_c(x[base + r * inner]) - m) - lse);
+    } else {
+      const C inv = C(1) / sum;
+      for (i64 r = 0; r < n; ++r)
+        y[base + r * inner] = from_c<S>(exp_c(to_c(x[base + r * inner]) - m) * inv);
+    }
+  }
+}
+
+template <typename S, SoftmaxOp kOp>
+__global__ void __launch_bounds__(kColThreads)
+    softmax_bwd_cols(const S* __restrict__ y, const S* __restrict__ g, S* __restrict__ out,
+                     i64 outer, i64 n, i64 inner) {
+  using C = typename Elem<S>::C;
+  const i64 cols = outer * inner;
+  for (i64 col = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; col < cols;
+       col += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 base = (col / inner) * n * inner + col % inner;
+    C sum = 0;
+    for (i64 r = 0; r < n; ++r)
+      sum += bwd_term<kOp, C>(to_c(y[base + r * inner]), to_c(g[base + r * inner]));
+    for (i64 r = 0; r < n; ++r) {
+      const i64 i = base + r * inner;
+      out[i] = from_c<S>(bwd_out<kOp, C>(to_c(y[i]), to_c(g[i]), sum));
+    }
+  }
+}
+
+constexpr i64 kMaxGrid = 1 << 30;
+
+unsigned grid_for(i64 work, int threads_or_rows_per_block, i64 cap) {
+  const i64 b = (work + threads_or_rows_per_block - 1) / threads_or_rows_per_block;
+  return static_cast<unsigned>(std::max<i64>(1, std::min(b, cap)));
+}
+
+// Warp-per-row kernels for rows of up to 32 * kPer elements.
+template <typename S, int kPer>
+void launch_warp_rows(const SoftmaxCall& c, const S* x, const S* v, S* out, cudaStream_t st) {
+  const unsigned grid = grid_for(c.outer, kWarpRowThreads / 32, kMaxGrid);
+  const int n = static_cast<int>(c.n);
+  if (!c.backward) {
+    if (c.op == SoftmaxOp::kLogSoftmax)
+      softmax_fwd_warp<S, true, kPer><<<grid, kWarpRowThreads, 0, st>>>(x, out, c.outer, n);
+    else
+      softmax_fwd_warp<S, false, kPer><<<grid, kWarpRowThreads, 0, st>>>(x, out, c.outer, n);
+    return;
+  }
+  switch (c.op) {
+    case SoftmaxOp::kSoftmax:
+      softmax_bwd_warp<S, SoftmaxOp::kSoftmax, kPer><<<grid, kWarpRowThreads, 0, st>>>(
+          x, v, out, c.outer, n);
+      break;
+    case SoftmaxOp::kLogSoftmax:
+      softmax_bwd_warp<S, SoftmaxOp::kLogSoftmax, kPer><<<grid, kWarpRowThreads, 0, st>>>(
+          x, v, out, c.outer, n);
+      break;
+    case SoftmaxOp::kLogSoftmaxJvp:
+      softmax_bwd_warp<S, SoftmaxOp::kLogSoftmaxJvp, kPer><<<grid, kWarpRowThreads, 0, st>>>(
+          x, v, out, c.outer, n);
+      break;
+  }
+}
+
+template <typename S>
+std::string softmax_typed(const SoftmaxCall& c, const void* xv, const void* vv, void* outv,
+                          cudaStream_t st) {
+  const S* x = static_cast<const S*>(xv);
+  const S* v = static_cast<const S*>(vv);
+  S* out = static_cast<S*>(outv);
+  if (c.inner == 1 && c.n <= 1024) {
+    if (c.n <= 32) launch_warp_rows<S, 1>(c, x, v, out, st);
+    else if (c.n <= 64) launch_warp_rows<S, 2>(c, x, v, out, st);
+    else if (c.n <= 128) launch_warp_rows<S, 4>(c, x, v, out, st);
+    else if (c.n <= 256) launch_warp_rows<S, 8>(c, x, v, out, st);
+    else if (c.n <= 512) launch_warp_rows<S, 16>(c, x, v, out, st);
+    else launch_warp_rows<S, 32>(c, x, v, out, st);
+  } else if (c.inner == 1) {
+    const unsigned grid = grid_for(c.outer, 1, kMaxGrid);
+    if (!c.backward) {
+      if (c.op == SoftmaxOp::kLogSoftmax)
+        softmax_fwd_block<S, true><<<grid, kBlockRowThreads, 0, st>>>(x, out, c.outer, c.n);
+      else
+        softmax_fwd_block<S, false><<<grid, kBlockRowThreads, 0, st>>>(x, out, c.outer, c.n);
+    } else if (c.op == SoftmaxOp::kSoftmax) {
+      softmax_bwd_block<S, SoftmaxOp::kSoftmax><<<grid, kBlockRowThreads, 0, st>>>(
+          x, v, out, c.outer, c.n);
+    } else if (c.op == SoftmaxOp::kLogSoftmax) {
+      softmax_bwd_block<S, SoftmaxOp::kLogSoftmax><<<grid, kBlockRowThreads, 0, st>>>(
+          x, v, out, c.outer, c.n);
+    } else {
+      softmax_bwd_block<S, SoftmaxOp::kLogSoftmaxJvp><<<grid, kBlockRowThreads, 0, st>>>(
+          x, v, out, c.outer, c.n);
+    }
+  } else {
+    const i64 cols = c.outer * c.inner;
+    const unsigned grid =
+        grid_for(cols, kColThreads, std::max<i64>(1, static_cast<i64>(sm_count()) * 16));
+    if (!c.backward) {
+      if (c.op == SoftmaxOp::kLogSoftmax)
+        softmax_fwd_cols<S, true><<<grid, kColThreads, 0, st>>>(x, out, c.outer, c.n, c.inner);
+      else
+        softmax_fwd_cols<S, false><<<grid, kColThreads, 0, st>>>(x, out, c.outer, c.n, c.inner);
+    } else if (c.op == SoftmaxOp::kSoftmax) {
+      softmax_bwd_cols<S, SoftmaxOp::kSoftmax><<<grid, kColThreads, 0, st>>>(
+          x, v, out, c.outer, c.n, c.inner);
+    } else if (c.op == SoftmaxOp::kLogSoftmax) {
+      softmax_bwd_cols<S, SoftmaxOp::kLogSoftmax><<<grid, kColThreads, 0, st>>>(
+          x, v, out, c.outer, c.n, c.inner);
+    } else {
+      softmax_bwd_cols<S, SoftmaxOp::kLogSoftmaxJvp><<<grid, kColThreads, 0, st>>>(
+          x, v, out, c.outer, c.n, c.inner);
+    }
+  }
+  return check_launch("jaxdnn softmax kernel launch");
+}
+
+}  // namespace
+
+std::string run_activation(const ActivationCall& c, const void* s, const void* dy, void* out,
+                           cudaStream_t stream) {
+  if (c.derivative < 0 || c.derivative > 2) return "derivative must be 0, 1 or 2";
+  if (c.derivative > 0 && dy == nullptr) return "the backward needs dy";
+  if (c.n == 0) return "";
+  switch (c.dtype) {
+    case DType::kF32: return dispatch_op<float>(c, s, dy, out, stream);
+    case DType::kF64: return dispatch_op<double>(c, s, dy, out, stream);
+    case DType::kBF16: return dispatch_op<__nv_bfloat16>(c, s, dy, out, stream);
+    case DType::kF16: return dispatch_op<__half>(c, s, dy, out, stream);
+  }
+  return "unsupported dtype";
+}
+
+std::string run_softmax(const SoftmaxCall& c, const void* x, const void* v, void* out,
+                        cudaStream_t stream) {
+  if (c.backward && v == nullptr) return "the backward needs a second operand";
+  if (!c.backward && c.op == SoftmaxOp::kLogSoftmaxJvp) return "not a forward operation";
+  if (c.outer == 0 || c.n == 0 || c.inner == 0) return "";
+  switch (c.dtype) {
+    case DType::kF32: return softmax_typed<float>(c, x, v, out, stream);
+    case DType::kF64: return softmax_typed<double>(c, x, v, out, stream);
+    case DType::kBF16: return softmax_typed<__nv_bfloat16>(c, x, v, out, stream);
+    case DType::kF16: return softmax_typed<__half>(c, x, v, out, stream);
+  }
+  return "unsupported dtype";
+}
+
+}  // namespace jaxdnn::cuda

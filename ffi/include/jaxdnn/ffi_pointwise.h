@@ -1,0 +1,150 @@
+// Decoding of the activation and softmax FFI calls, shared by the CPU and CUDA handlers so both
+// read the same contract (pointwise_problem.h describes the operations).
+//
+//   jaxdnn_activation_fwd  operands: x         result: y   any shape, one dtype
+//   jaxdnn_activation_bwd  operands: s, dy     result: dx  one shape, one dtype
+//     attributes: activation: i32 (jaxdnn::Activation)  activation_param: f64
+//                 bwd only: from_output: i32 (0/1)  derivative: i32 (1 or 2)
+//   jaxdnn_softmax_fwd     operands: x         result: y   rank 3: [outer, n, inner]
+//   jaxdnn_softmax_bwd     operands: y, v      result: out rank 3, one shape
+//     attributes: op: i32 (jaxdnn::SoftmaxOp; the forward takes kSoftmax or kLogSoftmax)
+// dtypes: float32, float64, bfloat16, float16. Every malformed call returns InvalidArgument.
+#ifndef JAXDNN_FFI_POINTWISE_H_
+#define JAXDNN_FFI_POINTWISE_H_
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "jaxdnn/ffi_conv.h"  // namespace alias ffi, to_dtype
+#include "jaxdnn/pointwise_problem.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxdnn {
+
+namespace pointwise_internal {
+
+inline ffi::Error invalid(const char* what, const std::string& msg) {
+  return ffi::Error::InvalidArgument(std::string("jaxdnn ") + what + ": " + msg);
+}
+
+template <typename T>
+inline ffi::Error attr(const char* what, const ffi::Dictionary& attrs, const char* name, T* out) {
+  auto v = attrs.get<T>(name);
+  if (v.has_error()) return invalid(what, std::string("missing or mistyped attribute '") + name + "'");
+  *out = *v;
+  return ffi::Error::Success();
+}
+
+inline bool same_dims(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
+  auto da = a.dimensions(), db = b.dimensions();
+  if (da.size() != db.size()) return false;
+  for (size_t i = 0; i < da.size(); ++i)
+    if (da[i] != db[i]) return false;
+  return true;
+}
+
+// One supported dtype shared by every buffer.
+inline ffi::Error common_dtype(const char* what, std::initializer_list<const ffi::AnyBuffer*> bufs,
+                               DType* dtype) {
+  const ffi::DataType t = (*bufs.begin())->element_type();
+  for (const ffi::AnyBuffer* b : bufs)
+    if (b->element_type() != t)
+      return invalid(what, "operands and result must share one dtype");
+  if (!to_dtype(t, dtype))
+    return invalid(what, "unsupported dtype (float32, float64, bfloat16 or float16 only)");
+  return ffi::Error::Success();
+}
+
+}  // namespace pointwise_internal
+
+// Activation forward (derivative = 0) or backward (s, dy given: derivative 1 or 2).
+inline ffi::Error decode_activation_call(const ffi::AnyBuffer& s, const ffi::AnyBuffer* dy,
+                                         const ffi::AnyBuffer& out, const ffi::Dictionary& attrs,
+                                         ActivationCall* c) {
+  using namespace pointwise_internal;
+  constexpr const char* kWhat = "activation";
+  int32_t act = 0;
+  if (auto e = attr(kWhat, attrs, "activation", &act); !e.success()) return e;
+  if (act < 0 || act >= kNumActivations)
+    return invalid(kWhat, "unknown activation id " + std::to_string(act));
+  c->activation = static_cast<Activation>(act);
+  if (auto e = attr(kWhat, attrs, "activation_param", &c->param); !e.success()) return e;
+  if (!std::isfinite(c->param)) return invalid(kWhat, "the activation parameter must be finite");
+  if (c->activation == Activation::kClippedRelu && !(c->param > 0))
+    return invalid(kWhat, "clipped_relu's ceiling must be positive");
+  if ((c->activation == Activation::kLeakyRelu || c->activation == Activation::kElu) &&
+      c->param < 0)
+    return invalid(kWhat, "leaky_relu's slope and elu's alpha must be non-negative");
+  c->derivative = 0;
+  c->from_output = false;
+  if (dy != nullptr) {
+    int32_t from_output = 0, derivative = 0;
+    if (auto e = attr(kWhat, attrs, "from_output", &from_output); !e.success()) return e;
+    if (auto e = attr(kWhat, attrs, "derivative", &derivative); !e.success()) return e;
+    if (derivative != 1 && derivative != 2)
+      return invalid(kWhat, "derivative must be 1 or 2, got " + std::to_string(derivative));
+    if (from_output != 0 && !activation_grad_from_output(c->activation))
+      return invalid(kWhat, "this activation's derivative cannot be computed from its output");
+    c->derivative = derivative;
+    c->from_output = from_output != 0;
+    if (!same_dims(s, *dy)) return invalid(kWhat, "s and dy must have one shape");
+    if (auto e = common_dtype(kWhat, {&s, dy, &out}, &c->dtype); !e.success()) return e;
+  } else {
+    if (auto e = common_dtype(kWhat, {&s, &out}, &c->dtype); !e.success()) return e;
+  }
+  if (!same_dims(s, out)) return invalid(kWhat, "the result must have the operand's shape");
+  c->n = static_cast<int64_t>(s.element_count());
+  return ffi::Error::Success();
+}
+
+// Softmax forward (v == nullptr) or backward (operands y, v).
+inline ffi::Error decode_softmax_call(const ffi::AnyBuffer& x, const ffi::AnyBuffer* v,
+                                      const ffi::AnyBuffer& out, const ffi::Dictionary& attrs,
+                                      SoftmaxCall* c) {
+  using namespace pointwise_internal;
+  constexpr const char* kWhat = "softmax";
+  int32_t op = 0;
+  if (auto e = attr(kWhat, attrs, "op", &op); !e.success()) return e;
+  c->backward = v != nullptr;
+  if (op < 0 || op > (c->backward ? 2 : 1))
+    return invalid(kWhat, "unknown softmax operation " + std::to_string(op));
+  c->op = static_cast<SoftmaxOp>(op);
+  auto d = x.dimensions();
+  if (d.size() != 3) return invalid(kWhat, "operands must have rank 3 ([outer, n, inner])");
+  if (d[0] < 0 || d[1] < 0 || d[2] < 0) return invalid(kWhat, "negative dimension");
+  if (!same_dims(x, out) || (v && !same_dims(x, *v)))
+    return invalid(kWhat, "operands and result must have one shape");
+  if (v) {
+    if (auto e = common_dtype(kWhat, {&x, v, &out}, &c->dtype); !e.success()) return e;
+  } else {
+    if (auto e = common_dtype(kWhat, {&x, &out}, &c->dtype); !e.success()) return e;
+  }
+  c->outer = d[0];
+  c->n = d[1];
+  c->inner = d[2];
+  return ffi::Error::Success();
+}
+
+template <typename Binding>
+auto bind_unary_pointwise_call(Binding&& binding) {
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attrs<ffi::Dictionary>();
+}
+
+template <typename Binding>
+auto bind_binary_pointwise_call(Binding&& binding) {
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attrs<ffi::Dictionary>();
+}
+
+}  // namespace jaxdnn
+
+#endif  // JAXDNN_FFI_POINTWISE_H_

@@ -1,0 +1,57 @@
+"""Regenerates the polynomial coefficients of ffi/cpu/vec_math.h (needs numpy and mpmath).
+
+  tanh(x) ~ x P(x^2) / Q(x^2), P and Q of degree 4, Q(0) = 1, on [0, 9.2]: a linearized
+      least-squares fit of relative error (P - f Q) / (f Q_prev), reweighted toward the worst
+      points (Lawson-style) over 30 iterations.
+  erfcx(x) = e^(x^2) erfc(x) ~ R(t), t = 1 / (1 + x/2), R of degree 10 on x in [0, 10]: a
+      Chebyshev least-squares fit in t.
+
+    python scripts/fit_vec_math.py
+"""
+
+from __future__ import annotations
+
+import mpmath as mp
+import numpy as np
+
+mp.mp.dps = 40
+
+
+def fit_tanh(dp=4, dq=4, hi=9.2, iters=30):
+  x = np.concatenate([np.linspace(0, 1, 3000), np.linspace(1, hi, 6000)])[1:]
+  u = x * x
+  f = np.tanh(x) / x
+  w = np.ones_like(x)
+  q = np.ones_like(x)
+  for _ in range(iters):
+    a = np.concatenate([np.vander(u, dp + 1, increasing=True),
+                        -(f[:, None] * np.vander(u, dq + 1, increasing=True)[:, 1:])], axis=1)
+    scale = w / (f * q)
+    sol, *_ = np.linalg.lstsq(a * scale[:, None], f * scale, rcond=None)
+    p, qc = sol[:dp + 1], np.concatenate([[1.0], sol[dp + 1:]])
+    q = np.polyval(qc[::-1], u)
+    err = np.abs(np.polyval(p[::-1], u) / q / f - 1)
+    w = w * (1 + err / err.max()) ** 2
+  return p, qc, err.max()
+
+
+def fit_erfcx(deg=10, hi=10.0, scale=0.5):
+  z = np.concatenate([np.linspace(0, 1, 4000), np.linspace(1, hi, 8000)])
+  t = 1 / (1 + scale * z)
+  h = np.array([float(mp.exp(mp.mpf(v) ** 2) * mp.erfc(mp.mpf(v))) for v in z])
+  c = np.polynomial.chebyshev.cheb2poly(np.polynomial.chebyshev.chebfit(t, h, deg))
+  return c, np.max(np.abs(np.polyval(c[::-1], t) / h - 1))
+
+
+def main():
+  p, q, err = fit_tanh()
+  print(f"tanh: max relative fit error {err:.2e}")
+  print("  P (constant first):", ", ".join(f"{v:.17g}" for v in p))
+  print("  Q (constant first):", ", ".join(f"{v:.17g}" for v in q))
+  c, err = fit_erfcx()
+  print(f"erfcx: max relative fit error {err:.2e}")
+  print("  R (constant first):", ", ".join(f"{v:.17g}" for v in c))
+
+
+if __name__ == "__main__":
+  main()

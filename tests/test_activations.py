@@ -1,0 +1,405 @@
+"""jaxdnn activations against jax.nn: values (float64 at 1e-12, per-dtype bounds for 16/32-bit),
+kinks, NaN/inf, first derivatives (forward and reverse, from the output and from the input),
+second derivatives (check_grads order 2; zero for the piecewise-linear kinds), vmap over every
+operand combination, jit and the HLO custom call, size 0, errors, CUDA lowering, and (marked gpu)
+the CUDA kernels against jax.nn for every dtype with tails and offset slices.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import jaxdnn
+from helpers import PLATFORM
+from jaxdnn._src import ffi
+from jaxdnn._src.primitives import activations as act_prims
+from jaxdnn._src.primitives.activations import ActivationSpec
+from tolerances import BF16, F16, F32, F64, RTOL, assert_close
+
+CUDA = ffi.extension("cuda")
+DTYPES = (F64, F32, BF16, F16)
+
+
+def _clip(ceiling):
+  return lambda x: jnp.minimum(jnp.maximum(x, 0), ceiling)
+
+
+def _clip_grad_convention(ceiling):
+  """clipped_relu with relu6's derivative convention (0 at both kinks), for any ceiling."""
+  @jax.custom_jvp
+  def f(x):
+    return jnp.minimum(jnp.maximum(x, 0), ceiling)
+  f.defjvps(lambda t, y, x: jnp.where((x > 0) & (x < ceiling), t, 0))
+  return f
+
+
+# name -> (jaxdnn function, jax.nn reference, canonical kind, param, smooth)
+CASES = {
+    "identity": (jaxdnn.identity, lambda x: x, "identity", None, True),
+    "relu": (jaxdnn.relu, jax.nn.relu, "relu", None, False),
+    "leaky_relu": (jaxdnn.leaky_relu, jax.nn.leaky_relu, "leaky_relu", 0.01, False),
+    "leaky_relu_0.2": (functools.partial(jaxdnn.leaky_relu, negative_slope=0.2),
+                       functools.partial(jax.nn.leaky_relu, negative_slope=0.2), "leaky_relu",
+                       0.2, False),
+    "clipped_relu_2.5": (functools.partial(jaxdnn.clipped_relu, ceiling=2.5),
+                         _clip_grad_convention(2.5), "clipped_relu", 2.5, False),
+    "relu6": (jaxdnn.relu6, jax.nn.relu6, "clipped_relu", 6.0, False),
+    "elu": (jaxdnn.elu, jax.nn.elu, "elu", 1.0, False),
+    "elu_0.5": (functools.partial(jaxdnn.elu, alpha=0.5), functools.partial(jax.nn.elu, alpha=0.5),
+                "elu", 0.5, False),
+    "sigmoid": (jaxdnn.sigmoid, jax.nn.sigmoid, "sigmoid", None, True),
+    "tanh": (jaxdnn.tanh, jnp.tanh, "tanh", None, True),
+    "gelu_tanh": (jaxdnn.gelu, jax.nn.gelu, "gelu_tanh", None, True),
+    "gelu_exact": (functools.partial(jaxdnn.gelu, approximate=False),
+                   functools.partial(jax.nn.gelu, approximate=False), "gelu", None, True),
+    "silu": (jaxdnn.silu, jax.nn.silu, "silu", None, True),
+    "swish": (jaxdnn.swish, jax.nn.swish, "silu", None, True),
+}
+# Every name `jaxdnn.activation` accepts -> reference.
+KIND_REFS = {
+    "identity": lambda x: x, "linear": lambda x: x, "none": lambda x: x,
+    "relu": jax.nn.relu, "leaky_relu": jax.nn.leaky_relu, "clipped_relu": jax.nn.relu6,
+    "relu6": jax.nn.relu6, "elu": jax.nn.elu, "sigmoid": jax.nn.sigmoid, "tanh": jnp.tanh,
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_tanh": jax.nn.gelu, "gelu_approximate": jax.nn.gelu, "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+}
+
+
+def _inputs(dtype, shape=(5, 37), seed=0, kinks=(0.0, 6.0, 2.5, -0.0)):
+  """Normal values (scale 3) with the kinks planted exactly; rounded to dtype."""
+  rng = np.random.default_rng(seed)
+  x = 3 * rng.standard_normal(shape)
+  flat = x.reshape(-1)
+  flat[:len(kinks)] = kinks
+  return jnp.asarray(x).astype(dtype)
+
+
+def _f64(a):
+  return jnp.asarray(np.asarray(a, np.float64))
+
+
+def _spec(case, from_output=None):
+  _, _, kind, param, _ = CASES[case]
+  return ActivationSpec.make(kind, param, from_output)
+
+
+# ---------------------------------------------------------------------------------------------
+# Values.
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_matches_jax_nn(dtype):
+  x = _inputs(dtype)
+  ours = jax.jit(lambda a: {c: CASES[c][0](a) for c in CASES})(x)
+  refs = jax.jit(lambda a: {c: CASES[c][1](a) for c in CASES})(_f64(x))
+  for case in CASES:
+    assert ours[case].dtype == x.dtype and ours[case].shape == x.shape
+    assert_close(ours[case], refs[case], RTOL[dtype], f"{case} {dtype}")
+
+
+def test_every_kind_and_alias():
+  x = _inputs(F64, (4, 9))
+  for dtype in (F64, F32):
+    ours = jax.jit(lambda a: {k: jaxdnn.activation(a, k) for k in KIND_REFS})(x.astype(dtype))
+    for kind, ref in KIND_REFS.items():
+      assert_close(ours[kind], ref(x), RTOL[dtype], f"{kind} {dtype}")
+  assert set(KIND_REFS) == set(jaxdnn.activations.KINDS)
+
+
+def test_kinks_exact():
+  x = jnp.array([-1.0, -0.0, 0.0, 1e-300, 6.0, 6.5, 2.5], F64)
+  np.testing.assert_array_equal(jaxdnn.relu(x), jax.nn.relu(x))
+  np.testing.assert_array_equal(jaxdnn.relu6(x), jax.nn.relu6(x))
+  np.testing.assert_array_equal(jaxdnn.clipped_relu(x, 2.5), jnp.clip(x, 0, 2.5))
+  g = lambda f: jax.grad(lambda a: jnp.sum(f(a)))(x)
+  np.testing.assert_array_equal(g(jaxdnn.relu), g(jax.nn.relu))        # relu'(0) = 0
+  np.testing.assert_array_equal(g(jaxdnn.relu6), g(jax.nn.relu6))      # 0 at 0 and 6
+  np.testing.assert_array_equal(g(jaxdnn.leaky_relu), g(jax.nn.leaky_relu))  # 1 at 0
+  np.testing.assert_array_equal(g(jaxdnn.elu), g(jax.nn.elu))          # alpha at 0
+
+
+def _values_and_grads(fns):
+  """jit of x -> {case: (f(x), grad of sum f at x)}."""
+  return jax.jit(lambda a: {c: (f(a), jax.grad(lambda b: jnp.sum(f(b)))(a)) for c, f in fns.items()})
+
+
+@pytest.mark.parametrize("dtype", (F64, F32), ids=str)
+def test_nan_and_inf_like_jax_nn(dtype):
+  x = jnp.array([np.nan, np.inf, -np.inf, 0.0, 1.0, -1.0, 1e30, -1e30], dtype)
+  ours = _values_and_grads({c: v[0] for c, v in CASES.items()})(x)
+  refs = _values_and_grads({c: v[1] for c, v in CASES.items()})(x)
+  for case in CASES:
+    for what, out, ref in zip(("forward", "gradient"), ours[case], refs[case]):
+      out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+      np.testing.assert_array_equal(np.isnan(out), np.isnan(ref), err_msg=f"{case} {what} NaNs")
+      np.testing.assert_allclose(out, ref, rtol=RTOL[dtype], atol=1e-30, equal_nan=True,
+                                 err_msg=f"{case} {what}")
+
+
+def test_relu_gradient_selects_the_cotangent():
+  """A NaN or inf cotangent outside relu's linear piece gives 0, as jax.nn.relu's select."""
+  x = jnp.array([-1.0, 2.0, -3.0, 7.0], F64)
+  ct = jnp.array([np.nan, 1.0, np.inf, np.inf], F64)
+  for ours, ref in ((jaxdnn.relu, jax.nn.relu), (jaxdnn.relu6, jax.nn.relu6)):
+    np.testing.assert_array_equal(jax.vjp(ours, x)[1](ct)[0], jax.vjp(ref, x)[1](ct)[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Derivatives.
+
+def _specs(from_output):
+  """case -> spec reading the output (from_output, where the kind allows it) or the input."""
+  out = {}
+  for case in CASES:
+    if from_output and not _spec(case).from_output:
+      continue
+    out[case] = _spec(case, from_output)
+  return out
+
+
+@pytest.mark.parametrize("from_output", (True, False), ids=("from_output", "from_input"))
+def test_first_derivatives_match_jax(from_output):
+  specs = _specs(from_output)
+  x = _inputs(F64)
+  ct = _inputs(F64, seed=1)
+
+  def derivatives(fns):
+    def run(a, c):
+      return {k: (jax.vjp(f, a)[1](c)[0], jax.jvp(f, (a,), (c,))[1]) for k, f in fns.items()}
+    return jax.jit(run)(x, ct)
+
+  ours = derivatives({k: functools.partial(act_prims.activation, spec=s) for k, s in specs.items()})
+  refs = derivatives({k: CASES[k][1] for k in specs})
+  for case in specs:
+    # Norm-relative (terms like gelu_tanh's 1 + tanh(u) cancel differently in jax's expression).
+    assert_close(ours[case][0], refs[case][0], 1e-12, f"{case} vjp")
+    assert_close(ours[case][1], refs[case][1], 1e-12, f"{case} jvp")
+    # The first derivative is jaxdnn's backward kernel, not jnp.
+    f = functools.partial(act_prims.activation, spec=specs[case])
+    hlo = jax.jit(jax.grad(lambda a: jnp.vdot(f(a), ct))).lower(x).as_text()
+    assert "jaxdnn_activation_bwd" in hlo
+
+
+@pytest.mark.parametrize("from_output", (True, False), ids=("from_output", "from_input"))
+@pytest.mark.parametrize("case", ["sigmoid", "tanh", "gelu_tanh", "gelu_exact", "silu", "elu"])
+def test_check_grads_order2_smooth(case, from_output):
+  spec = _spec(case)
+  if from_output and not spec.from_output:
+    pytest.skip("derivative needs the input")
+  spec = _spec(case, from_output)
+  f = lambda a: act_prims.activation(a, spec)
+  x = _inputs(F64, (2, 3), seed=3, kinks=())
+  if spec.kind == "elu":  # C^1 only at 0: stay away from the kink
+    x = jnp.where(jnp.abs(x) < 0.1, 0.5, x)
+  check_grads(jax.jit(f), (x,), order=2, modes=("fwd", "rev"), eps=1e-4)
+
+
+def test_second_derivatives_match_jax():
+  """Reverse-over-reverse and forward-over-reverse against jax, both saved operands."""
+  x = _inputs(F64, (7,), seed=4, kinks=())
+  smooth = [c for c in CASES if CASES[c][4] and c != "identity"]
+  fns = {}
+  for case in smooth:
+    fns[(case, "ref")] = CASES[case][1]
+    for spec in {_spec(case), _spec(case, False)}:
+      fns[(case, "out" if spec.from_output else "in")] = functools.partial(act_prims.activation, spec=spec)
+
+  def second(a):
+    return {k: (jax.vmap(jax.grad(jax.grad(f)))(a),
+                jax.jvp(jax.grad(lambda b: jnp.sum(f(b))), (a,), (jnp.ones_like(a),))[1])
+            for k, f in fns.items()}
+
+  out = jax.jit(second)(x)
+  for (case, variant), (rr, fr) in out.items():
+    ref = out[(case, "ref")][0]
+    assert_close(rr, ref, 1e-11, f"{case} {variant} rev-over-rev")
+    assert_close(fr, ref, 1e-11, f"{case} {variant} fwd-over-rev")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not CASES[c][4]] + ["identity"])
+def test_piecewise_linear_kinds(case):
+  """Order 1 away from the kinks; the second derivative is exactly zero (elu: alpha e^x left)."""
+  spec = _spec(case)
+  f = lambda a: act_prims.activation(a, spec)
+  x = _inputs(F64, (2, 3), seed=5, kinks=())
+  x = jnp.where(jnp.abs(x) < 0.1, 0.7, x)
+  x = jnp.where(jnp.abs(x - 2.5) < 0.1, 1.2, x)
+  x = jnp.where(jnp.abs(x - 6) < 0.1, 5.0, x)
+  check_grads(jax.jit(f), (x,), order=1, modes=("fwd", "rev"))
+  d2 = jax.jit(jax.vmap(jax.grad(jax.grad(f))))(x.reshape(-1))
+  if spec.kind == "elu":
+    np.testing.assert_allclose(d2, jnp.where(x.reshape(-1) > 0, 0, spec.param *
+                                             jnp.exp(x.reshape(-1))), rtol=1e-12)
+  else:
+    np.testing.assert_array_equal(d2, 0)
+
+
+def test_third_order():
+  """Derivatives past the second (jnp terms on top of the kernels) still agree with jax."""
+  x = _inputs(F64, (5,), seed=6, kinks=())
+  d3 = lambda f: jax.vmap(jax.grad(jax.grad(jax.grad(f))))
+  for name in ("sigmoid", "gelu_exact"):
+    ours, ref = CASES[name][:2]
+    assert_close(jax.jit(d3(ours))(x), jax.jit(d3(ref))(x), 1e-10, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transformations.
+
+@pytest.mark.parametrize("in_axis", (0, 1, -1))
+def test_vmap_forward(in_axis):
+  x = _inputs(F64, (3, 4, 5))
+  out = jax.jit(jax.vmap(jaxdnn.gelu, in_axes=in_axis))(x)
+  ref = jax.vmap(jax.nn.gelu, in_axes=in_axis)(x)
+  assert_close(out, ref, 1e-12)
+
+
+def _operand(rng, example_shape, size, axis):
+  """A random operand with the mapped axis of length `size` at `axis` (None: unbatched)."""
+  if axis is None:
+    return jnp.asarray(rng.standard_normal(example_shape))
+  return jnp.moveaxis(jnp.asarray(rng.standard_normal((size, *example_shape))), 0, axis)
+
+
+@pytest.mark.parametrize("in_axes", [(0, 0), (0, None), (None, 0), (1, 0), (None, 1), (2, 1),
+                                     (1, 1), (-1, 0)], ids=str)
+def test_vmap_backward_every_operand_combination(in_axes):
+  rng = np.random.default_rng(7)
+  s, v = (_operand(rng, (4, 5), 3, ax) for ax in in_axes)
+  specs = (ActivationSpec.make("sigmoid"), ActivationSpec.make("silu"),
+           ActivationSpec.make("elu", from_output=False))
+
+  def run(grad_fn):
+    return jax.jit(lambda a, b: [jax.vmap(functools.partial(grad_fn, spec=spec, derivative=d),
+                                          in_axes=in_axes)(a, b)
+                                 for spec in specs for d in (1, 2)])(s, v)
+
+  ours = run(lambda a, b, spec, derivative: act_prims.activation_grad(a, b, spec, derivative))
+  refs = run(act_prims._reference_activation_grad)
+  for out, ref in zip(ours, refs):
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-14)
+
+
+def test_vmap_of_grad_and_grad_of_vmap():
+  x = _inputs(F64, (4, 6))
+  f = lambda a: jnp.sum(jaxdnn.tanh(a) ** 2)
+  r = lambda a: jnp.sum(jnp.tanh(a) ** 2)
+  assert_close(jax.vmap(jax.grad(f))(x), jax.vmap(jax.grad(r))(x), 1e-12)
+  assert_close(jax.grad(lambda a: jnp.sum(jax.vmap(jaxdnn.silu)(a)))(x),
+               jax.grad(lambda a: jnp.sum(jax.vmap(jax.nn.silu)(a)))(x), 1e-12)
+
+
+def test_jit_eager_and_hlo():
+  x = _inputs(F32)
+  y_eager = jaxdnn.elu(x)
+  y_jit = jax.jit(jaxdnn.elu)(x)
+  np.testing.assert_array_equal(y_eager, y_jit)
+  hlo = jax.jit(jaxdnn.elu).lower(x).as_text()
+  assert "jaxdnn_activation_fwd" in hlo
+  hlo = jax.jit(jax.grad(lambda a: jnp.sum(jaxdnn.elu(a)))).lower(x).as_text()
+  assert "jaxdnn_activation_bwd" in hlo
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0, 4), (0, 5)])
+def test_size_zero(shape):
+  x = jnp.zeros(shape, F32)
+  for ours, _, _, _, _ in CASES.values():
+    assert ours(x).shape == shape
+  g = jax.grad(lambda a: jnp.sum(jaxdnn.gelu(a)))(x)
+  assert g.shape == shape
+  assert jax.vmap(jaxdnn.relu)(jnp.zeros((0, 3))).shape == (0, 3)
+
+
+def test_scalar_and_python_inputs():
+  assert_close(jaxdnn.sigmoid(jnp.float32(0.5)), jax.nn.sigmoid(0.5), RTOL[F32])
+  assert_close(jaxdnn.relu([-1.0, 2.0]), np.array([0.0, 2.0]), 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors.
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda x: jaxdnn.activation(x, "relux"), ValueError, "unknown kind 'relux'"),
+    (lambda x: jaxdnn.activation(x, 3), TypeError, "kind must be a string"),
+    (lambda x: jaxdnn.activation(x, "relu", 1.0), ValueError, "takes no parameter; got param=1.0"),
+    (lambda x: jaxdnn.activation(x, "relu6", 5.0), ValueError, "fixes its ceiling"),
+    (lambda x: jaxdnn.leaky_relu(x, -0.1), ValueError, r"negative_slope\) must be non-negative"),
+    (lambda x: jaxdnn.leaky_relu(x, float("nan")), ValueError, "must be finite"),
+    (lambda x: jaxdnn.leaky_relu(x, "a"), TypeError, "negative_slope must be a concrete real"),
+    (lambda x: jaxdnn.clipped_relu(x, 0.0), ValueError, r"ceiling \(ceiling\) must be positive"),
+    (lambda x: jaxdnn.elu(x, -1.0), ValueError, r"alpha \(alpha\) must be non-negative"),
+    (lambda x: jaxdnn.elu(x, True), TypeError, "alpha must be a real number"),
+    (lambda x: jaxdnn.gelu(x, approximate="yes"), TypeError, "approximate must be a bool"),
+    (lambda x: jaxdnn.relu(x.astype(jnp.int32)), TypeError, "x has dtype int32"),
+    (lambda x: jaxdnn.activation(x.astype(jnp.complex64), "tanh"), TypeError, "x has dtype"),
+])
+def test_errors(call, exc, match):
+  with pytest.raises(exc, match=match):
+    call(jnp.ones((2, 3), F32))
+
+
+def test_traced_parameter_is_an_error():
+  with pytest.raises(TypeError, match="negative_slope must be a concrete real number"):
+    jax.jit(lambda x, s: jaxdnn.leaky_relu(x, s))(jnp.ones(3), 0.1)
+
+
+def test_primitive_checks():
+  spec = ActivationSpec.make("sigmoid")
+  with pytest.raises(ValueError, match="one shape"):
+    act_prims.activation_grad(jnp.ones((2, 3)), jnp.ones((3, 2)), spec)
+  with pytest.raises(ValueError, match="cannot be computed from its output"):
+    ActivationSpec.make("gelu", from_output=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA lowering (runs without a GPU when the CUDA extension is built).
+
+@pytest.mark.skipif(CUDA is None, reason="the jaxdnn CUDA extension is not built in this install")
+def test_cuda_lowering():
+  x = _inputs(BF16)
+  f = lambda a: jnp.sum(jax.grad(lambda b: jnp.sum(jaxdnn.gelu(b).astype(F32)))(a))
+  text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert "jaxdnn_activation_fwd" in text or "jaxdnn_activation_bwd" in text
+  assert "jaxdnn_activation_bwd" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the CUDA kernels against jax.nn, every dtype, tails and offsets.
+
+@pytest.mark.gpu
+@pytest.mark.skipif(PLATFORM != "gpu", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1023, 4099, 1 << 20 | 5])
+@pytest.mark.parametrize("case", ["relu", "leaky_relu_0.2", "relu6", "elu", "sigmoid", "tanh",
+                                  "gelu_tanh", "gelu_exact", "silu", "identity"])
+def test_gpu_kernels_match_jax_nn(case, n, dtype):
+  ours, ref = CASES[case][:2]
+  base = _inputs(dtype, (n + 3,), seed=n)
+  ct = _inputs(dtype, (n + 3,), seed=n + 1)
+  for start in (0, 1, 3):  # offset slices (the kernels align any common offset)
+    x, c = base[start:start + n], ct[start:start + n]
+    assert_close(jax.jit(ours)(x), ref(_f64(x)), RTOL[dtype], f"{case} fwd n={n} +{start}")
+    g = jax.jit(lambda a, b: jax.vjp(ours, a)[1](b)[0])(x, c)
+    g_ref = jax.vjp(ref, _f64(x))[1](_f64(c))[0]
+    assert_close(g, g_ref, 2 * RTOL[dtype], f"{case} bwd n={n} +{start}")
+  # Operands at different offsets (the scalar path).
+  x, c = base[1:1 + n], ct[2:2 + n]
+  g = jax.jit(lambda a, b: jax.vjp(ours, a)[1](b)[0])(x, c)
+  assert_close(g, jax.vjp(ref, _f64(x))[1](_f64(c))[0], 2 * RTOL[dtype], f"{case} mixed")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(PLATFORM != "gpu", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", ["sigmoid", "gelu_exact", "gelu_tanh", "silu", "tanh", "elu"])
+def test_gpu_second_derivatives(case):
+  ours, ref = CASES[case][:2]
+  x = _inputs(F64, (1000,), seed=9, kinks=())
+  d2 = jax.jit(jax.vmap(jax.grad(jax.grad(ours))))(x)
+  np.testing.assert_allclose(d2, jax.vmap(jax.grad(jax.grad(ref)))(x), rtol=1e-10, atol=1e-13)
