@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "f16_convert.h"
-#include "float16.h"
+#include "f16_storage.h"
 #include "parallel.h"
 #include "pointwise_cpu.h"
 #include "vec_math.h"

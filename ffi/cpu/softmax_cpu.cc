@@ -25,7 +25,7 @@
 #include <type_traits>
 
 #include "f16_convert.h"
-#include "float16.h"
+#include "f16_storage.h"
 #include "parallel.h"
 #include "pointwise_cpu.h"
 #include "vec_math.h"
