@@ -130,6 +130,19 @@ def _values_and_grads(fns):
   return jax.jit(lambda a: {c: (f(a), jax.grad(lambda b: jnp.sum(f(b)))(a)) for c, f in fns.items()})
 
 
+@pytest.mark.parametrize("dtype", (BF16, F16), ids=str)
+def test_16bit_selections_are_exact(dtype):
+  """relu-likes return inputs, 0 or the ceiling: bit-exact, and a ceiling the type cannot
+  represent is rounded to nearest (the bfloat16 kernels skip rounding only when it is exact)."""
+  x = jnp.concatenate([_inputs(dtype).reshape(-1), jnp.array([np.nan, np.inf, -np.inf], dtype)])
+  same = lambda a, b: np.testing.assert_array_equal(np.asarray(a, F32), np.asarray(b, F32))
+  same(jaxdnn.relu(x), jnp.maximum(x, 0))
+  for ceiling in (2.5, 2.4):  # 2.4f rounds up to bfloat16 (its low half-word is >= 0x8000)
+    same(jaxdnn.clipped_relu(x, ceiling), jnp.clip(x.astype(F32), 0, ceiling).astype(dtype))
+  ct = _inputs(dtype, (x.size,), seed=3)
+  same(jax.vjp(jaxdnn.relu, x)[1](ct)[0], jnp.where(x > 0, ct, jnp.zeros_like(ct)))
+
+
 @pytest.mark.parametrize("dtype", (F64, F32), ids=str)
 def test_nan_and_inf_like_jax_nn(dtype):
   x = jnp.array([np.nan, np.inf, -np.inf, 0.0, 1.0, -1.0, 1e30, -1e30], dtype)

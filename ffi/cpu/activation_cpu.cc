@@ -66,6 +66,15 @@ inline void compute(const C* __restrict s, const C* __restrict dy, C* __restrict
 
 constexpr int64_t kBlock = 512;  // 16-bit types: elements converted per float32 block
 
+// Whether every result of (op, kind) is one of its inputs, 0, or (clipped_relu's forward) the
+// ceiling: then, with a ceiling representable in the storage type, 16-bit stores need no
+// rounding.
+template <Op kOp, Activation kA>
+constexpr bool kSelects =
+    kA == Activation::kIdentity ||
+    ((kA == Activation::kRelu || kA == Activation::kClippedRelu) &&
+     (kOp == Op::kForward || kOp == Op::kGradInput || kOp == Op::kGradOutput));
+
 template <typename S, Op kOp, Activation kA>
 void run_range(const S* s, const S* dy, S* out, int64_t begin, int64_t end, double param) {
   using C = f16::Compute<S>;
@@ -75,12 +84,18 @@ void run_range(const S* s, const S* dy, S* out, int64_t begin, int64_t end, doub
                         end - begin, p);
   } else {
     alignas(64) float sb[kBlock], db[kBlock], ob[kBlock];
+    bool exact = kSelects<kOp, kA>;
+    if constexpr (kA == Activation::kClippedRelu && kOp == Op::kForward)
+      exact = f16::load(f16::store<S>(p)) == p;
     for (int64_t b = begin; b < end; b += kBlock) {
       const int64_t n = std::min(kBlock, end - b);
       f16::to_float(s + b, sb, n);
       if constexpr (kOp != Op::kForward) f16::to_float(dy + b, db, n);
       compute<kOp, kA, float>(sb, db, ob, n, p);
-      f16::from_float(ob, out + b, n);
+      if (exact)
+        f16::from_float_exact(ob, out + b, n);
+      else
+        f16::from_float(ob, out + b, n);
     }
   }
 }

@@ -6,6 +6,8 @@
 #define JAXDNN_CPU_F16_CONVERT_H_
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "f16_storage.h"
 
@@ -19,6 +21,21 @@ inline void to_float(const S* __restrict src, float* __restrict dst, int64_t n) 
 template <typename S>
 inline void from_float(const float* __restrict src, S* __restrict dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = store<S>(src[i]);
+}
+
+// from_float for values known to be exactly representable in S (a selection of inputs, 0, ...):
+// bfloat16 then only needs the upper half of each float (no rounding, no NaN test).
+template <typename S>
+inline void from_float_exact(const float* __restrict src, S* __restrict dst, int64_t n) {
+  if constexpr (std::is_same_v<S, BF16>) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, src + i, 4);
+      dst[i] = BF16{static_cast<uint16_t>(bits >> 16)};
+    }
+  } else {
+    from_float(src, dst, n);
+  }
 }
 
 #if defined(__F16C__)

@@ -5,9 +5,12 @@
 //   jaxdnn_activation_bwd  operands: s, dy     result: dx  one shape, one dtype
 //     attributes: activation: i32 (jaxdnn::Activation)  activation_param: f64
 //                 bwd only: from_output: i32 (0/1)  derivative: i32 (1 or 2)
-//   jaxdnn_softmax_fwd     operands: x         result: y   rank 3: [outer, n, inner]
-//   jaxdnn_softmax_bwd     operands: y, v      result: out rank 3, one shape
+//   jaxdnn_softmax_fwd     operands: x         result: y   any shape, viewed as [outer, n, inner]
+//   jaxdnn_softmax_bwd     operands: y, v      result: out one shape
 //     attributes: op: i32 (jaxdnn::SoftmaxOp; the forward takes kSoftmax or kLogSoftmax)
+//                 outer, n, inner: i64 (their product is every buffer's element count)
+//   (The callers pass flat buffers: a reshape to [outer, n, 1] would make XLA insert layout
+//   copies around the custom call.)
 // dtypes: float32, float64, bfloat16, float16. Every malformed call returns InvalidArgument.
 #ifndef JAXDNN_FFI_POINTWISE_H_
 #define JAXDNN_FFI_POINTWISE_H_
@@ -112,19 +115,23 @@ inline ffi::Error decode_softmax_call(const ffi::AnyBuffer& x, const ffi::AnyBuf
   if (op < 0 || op > (c->backward ? 2 : 1))
     return invalid(kWhat, "unknown softmax operation " + std::to_string(op));
   c->op = static_cast<SoftmaxOp>(op);
-  auto d = x.dimensions();
-  if (d.size() != 3) return invalid(kWhat, "operands must have rank 3 ([outer, n, inner])");
-  if (d[0] < 0 || d[1] < 0 || d[2] < 0) return invalid(kWhat, "negative dimension");
-  if (!same_dims(x, out) || (v && !same_dims(x, *v)))
-    return invalid(kWhat, "operands and result must have one shape");
+  int64_t outer = 0, n = 0, inner = 0;
+  if (auto e = attr(kWhat, attrs, "outer", &outer); !e.success()) return e;
+  if (auto e = attr(kWhat, attrs, "n", &n); !e.success()) return e;
+  if (auto e = attr(kWhat, attrs, "inner", &inner); !e.success()) return e;
+  if (outer < 0 || n < 0 || inner < 0) return invalid(kWhat, "negative view dimension");
+  const size_t count = x.element_count();
+  if (static_cast<size_t>(outer) * static_cast<size_t>(n) * static_cast<size_t>(inner) != count ||
+      out.element_count() != count || (v && v->element_count() != count))
+    return invalid(kWhat, "operands and result must have outer * n * inner elements");
   if (v) {
     if (auto e = common_dtype(kWhat, {&x, v, &out}, &c->dtype); !e.success()) return e;
   } else {
     if (auto e = common_dtype(kWhat, {&x, &out}, &c->dtype); !e.success()) return e;
   }
-  c->outer = d[0];
-  c->n = d[1];
-  c->inner = d[2];
+  c->outer = outer;
+  c->n = n;
+  c->inner = inner;
   return ffi::Error::Success();
 }
 

@@ -194,26 +194,29 @@ batching.primitive_batchers[softmax_bwd_p] = _bwd_batch
 
 
 # ---------------------------------------------------------------------------------------------
-# Lowering: the kernels see [outer, n, inner] (a reshape, free for row-major arrays).
+# Lowering: the kernels see flat buffers viewed as [outer, n, inner] (attributes). A reshape to
+# [outer, n, 1] would not be free: XLA gives the trailing unit dimension its own layout and copies
+# around the custom call.
 
 def _view3(shape, axis):
-  return (math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
+  return dict(outer=np.int64(math.prod(shape[:axis])), n=np.int64(shape[axis]),
+              inner=np.int64(math.prod(shape[axis + 1:])))
 
 
 def _ffi_softmax(x, *, axis, log):
   if x.size == 0:
     return jnp.zeros(x.shape, x.dtype)
-  x3 = x.reshape(_view3(x.shape, axis))
-  call = jax.ffi.ffi_call("jaxdnn_softmax_fwd", jax.ShapeDtypeStruct(x3.shape, x.dtype))
-  return call(x3, op=np.int32(_FWD_OP[log])).reshape(x.shape)
+  call = jax.ffi.ffi_call("jaxdnn_softmax_fwd", jax.ShapeDtypeStruct((x.size,), x.dtype))
+  out = call(x.reshape(-1), op=np.int32(_FWD_OP[log]), **_view3(x.shape, axis))
+  return out.reshape(x.shape)
 
 
 def _ffi_bwd(y, v, *, axis, op):
   if y.size == 0:
     return jnp.zeros(y.shape, y.dtype)
-  shape3 = _view3(y.shape, axis)
-  call = jax.ffi.ffi_call("jaxdnn_softmax_bwd", jax.ShapeDtypeStruct(shape3, y.dtype))
-  return call(y.reshape(shape3), v.reshape(shape3), op=np.int32(_BWD_OP[op])).reshape(y.shape)
+  call = jax.ffi.ffi_call("jaxdnn_softmax_bwd", jax.ShapeDtypeStruct((y.size,), y.dtype))
+  out = call(y.reshape(-1), v.reshape(-1), op=np.int32(_BWD_OP[op]), **_view3(y.shape, axis))
+  return out.reshape(y.shape)
 
 
 _RULES = {
