@@ -59,6 +59,14 @@ std::string winograd_unsupported(const ConvProblem& p);
 // Output tile edge (4 or 2) the kernel uses for (op, p).
 int winograd_tile(ConvOp op, const ConvProblem& p);
 
+// FFT / FFT_TILING (conv_fft.cc): whole-image (FFT) or overlap-save tiles (FFT_TILING) of real
+// transforms, per-frequency complex channel products, inverse transforms. Stride 1, no dilation.
+template <typename T> void fft_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io,
+                                    bool tiled);
+size_t fft_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes, bool tiled);
+// "" when the FFT kernels (algo kFft or kFftTiling) handle the geometry of p, else the reason.
+std::string fft_unsupported(ConvAlgo algo, const ConvProblem& p);
+
 // Support predicate of the CPU backend: "" when `algo` can run `op` on `p`, else the reason.
 std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p);
 // The same for a fused forward convolution (an epilogue, conv_problem.h): every CPU family that
