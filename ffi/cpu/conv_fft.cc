@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -91,6 +92,10 @@ constexpr int64_t kMaxFftPoints = int64_t{1} << 19;
 constexpr int64_t kChunkBytes = int64_t{8} << 20;
 // Rows of the product's register block.
 constexpr int kRB = 4;
+// Spectra are stored in tiles of kBT consecutive bins: [bin / kBT][block][bin % kBT], so that a
+// transform writes runs of kBT elements and a product over a tile of bins stays in cache.
+constexpr int64_t kBT = 16;
+inline int64_t bin_off(int64_t bin, int64_t nblk) { return (bin / kBT) * nblk * kBT + bin % kBT; }
 
 // ---------------------------------------------------------------------------------------------
 // 1-D mixed-radix Stockham FFT over lane blocks.
@@ -172,10 +177,13 @@ __attribute__((always_inline)) inline void butterfly(const T* ar, const T* ai, T
   }
 }
 
-// One Stockham stage of length n = R * m at stride s:
+// One Stockham stage of length n = R * m at stride s, on elements of wv CVs each:
 //   y[q + s (R p + k)] = w_n^(p k) * sum_j x[q + s (p + j m)] w_R^(j k).
+// wv = 1 transforms one line; wv = a row (plane) length transforms all columns of a plane
+// (volume) at once, the inner loop running over whole contiguous rows.
 template <typename T, int R, bool Inv>
-void stage(int64_t m, int64_t s, const CV<T>* __restrict x, CV<T>* __restrict y, const T* tw) {
+void stage(int64_t m, int64_t s, int64_t wv, const CV<T>* __restrict x, CV<T>* __restrict y,
+           const T* tw) {
   constexpr int V = lanes<T>();
   for (int64_t p = 0; p < m; ++p) {
     T wr[R], wi[R];
@@ -184,39 +192,42 @@ void stage(int64_t m, int64_t s, const CV<T>* __restrict x, CV<T>* __restrict y,
       wi[k] = Inv ? -tw[2 * (p * (R - 1) + k - 1) + 1] : tw[2 * (p * (R - 1) + k - 1) + 1];
     }
     for (int64_t q = 0; q < s; ++q) {
-      const CV<T>* a[R];
-      CV<T>* b[R];
-      for (int j = 0; j < R; ++j) a[j] = x + q + s * (p + j * m);
-      for (int k = 0; k < R; ++k) b[k] = y + q + s * (R * p + k);
+      const T* __restrict a[R];
+      T* __restrict b[R];
+      for (int j = 0; j < R; ++j) a[j] = x[(q + s * (p + j * m)) * wv].re;
+      for (int k = 0; k < R; ++k) b[k] = y[(q + s * (R * p + k)) * wv].re;
+      for (int64_t e = 0; e < wv; ++e) {
+        const int64_t o = e * 2 * V;
 #pragma GCC ivdep
-      for (int l = 0; l < V; ++l) {
-        T ar[R], ai[R], br[R], bi[R];
-        for (int j = 0; j < R; ++j) ar[j] = a[j]->re[l], ai[j] = a[j]->im[l];
-        butterfly<T, R, Inv>(ar, ai, br, bi);
-        b[0]->re[l] = br[0], b[0]->im[l] = bi[0];
-        for (int k = 1; k < R; ++k) {
-          b[k]->re[l] = br[k] * wr[k] - bi[k] * wi[k];
-          b[k]->im[l] = br[k] * wi[k] + bi[k] * wr[k];
+        for (int l = 0; l < V; ++l) {
+          T ar[R], ai[R], br[R], bi[R];
+          for (int j = 0; j < R; ++j) ar[j] = a[j][o + l], ai[j] = a[j][o + V + l];
+          butterfly<T, R, Inv>(ar, ai, br, bi);
+          b[0][o + l] = br[0], b[0][o + V + l] = bi[0];
+          for (int k = 1; k < R; ++k) {
+            b[k][o + l] = br[k] * wr[k] - bi[k] * wi[k];
+            b[k][o + V + l] = br[k] * wi[k] + bi[k] * wr[k];
+          }
         }
       }
     }
   }
 }
 
-// The DFT of line x (length pl.L, unit stride) using y as the other buffer; returns the buffer
-// holding the result (x or y). Inverse: exp(+2 pi i jk / L), unscaled.
+// The DFT of the sequence x (length pl.L, elements of wv CVs) using y as the other buffer;
+// returns the buffer holding the result (x or y). Inverse: exp(+2 pi i jk / L), unscaled.
 template <typename T, bool Inv>
-CV<T>* fft_line(const LinePlan<T>& pl, CV<T>* x, CV<T>* y) {
+CV<T>* fft_line(const LinePlan<T>& pl, CV<T>* x, CV<T>* y, int64_t wv = 1) {
   int64_t n = pl.L, s = 1;
   for (size_t st = 0; st < pl.radix.size(); ++st) {
     const int r = pl.radix[st];
     const int64_t m = n / r;
     const T* tw = pl.tw.data() + pl.tw_off[st];
     switch (r) {
-      case 4: stage<T, 4, Inv>(m, s, x, y, tw); break;
-      case 2: stage<T, 2, Inv>(m, s, x, y, tw); break;
-      case 3: stage<T, 3, Inv>(m, s, x, y, tw); break;
-      default: stage<T, 5, Inv>(m, s, x, y, tw); break;
+      case 4: stage<T, 4, Inv>(m, s, wv, x, y, tw); break;
+      case 2: stage<T, 2, Inv>(m, s, wv, x, y, tw); break;
+      case 3: stage<T, 3, Inv>(m, s, wv, x, y, tw); break;
+      default: stage<T, 5, Inv>(m, s, wv, x, y, tw); break;
     }
     std::swap(x, y);
     n = m;
@@ -299,8 +310,8 @@ struct Transform3 {
   int64_t points() const { return L[0] * L[1] * L[2]; }
   int64_t bins() const { return L[0] * L[1] * H2(); }
   int64_t max_line() const { return std::max({L[0], L[1], L[2]}); }
-  // Per-thread scratch: work buffer plus two line buffers, in CV elements.
-  int64_t scratch_cv() const { return points() + 2 * max_line(); }
+  // Per-thread scratch: two work buffers plus two line buffers, in CV elements.
+  int64_t scratch_cv() const { return 2 * points() + 2 * L[2]; }
 };
 
 template <typename T>
@@ -370,28 +381,33 @@ void store_line(const TensorView<T>& tv, const Block<T>& b, int64_t j0, int64_t 
   }
 }
 
-// In-place DFT of Z (L0 x L1 x L2) along axis 0 or 1 on the lines selected by `take(i)`, where i
-// is the index along the other non-last axis.
+// DFT of the volume *cur (L0 x L1 x L2) along axis 1 on the planes j0 with take(j0), then along
+// axis 0, each as one wide-element Stockham pass between *cur and *other (swapped so that *cur
+// holds the result). Planes left out are zero in the input and stay zero in the result.
 template <typename T, bool Inv, class Take>
-void axis_pass(const Transform3<T>& t, int axis, CV<T>* Z, CV<T>* b1, CV<T>* b2, const Take& take) {
+void pass_axis1(const Transform3<T>& t, CV<T>** cur, CV<T>** other, const Take& take) {
   const int64_t L0 = t.L[0], L1 = t.L[1], L2 = t.L[2];
-  const int64_t n = t.L[axis];
-  if (n == 1) return;
-  const int64_t other = axis == 0 ? L1 : L0;
-  const int64_t step = axis == 0 ? L1 * L2 : L2;
-  for (int64_t o = 0; o < other; ++o) {
-    if (!take(o)) continue;
-    for (int64_t v = 0; v < L2; ++v) {
-      CV<T>* base = Z + (axis == 0 ? o * L2 : o * L1 * L2) + v;
-      for (int64_t j = 0; j < n; ++j) b1[j] = base[j * step];
-      const CV<T>* r = fft_line<T, Inv>(t.line[axis], b1, b2);
-      for (int64_t j = 0; j < n; ++j) base[j * step] = r[j];
-    }
+  if (L1 == 1) return;
+  const bool odd = t.line[1].radix.size() % 2 == 1;
+  for (int64_t j0 = 0; j0 < L0; ++j0) {
+    CV<T>* x = *cur + j0 * L1 * L2;
+    CV<T>* y = *other + j0 * L1 * L2;
+    if (take(j0))
+      fft_line<T, Inv>(t.line[1], x, y, L2);
+    else if (odd)
+      std::memset(static_cast<void*>(y), 0, kCVBytes * L1 * L2);
   }
+  if (odd) std::swap(*cur, *other);
+}
+
+template <typename T, bool Inv>
+void pass_axis0(const Transform3<T>& t, CV<T>** cur, CV<T>** other) {
+  if (t.L[0] == 1) return;
+  if (fft_line<T, Inv>(t.line[0], *cur, *other, t.L[1] * t.L[2]) != *cur) std::swap(*cur, *other);
 }
 
 // Forward real transform of the signals of blocks `ba` (real part) and `bb` (imaginary part,
-// may be null) into their half spectra: dst_a[bin * nblk], dst_b[bin * nblk] (dst_b unused when
+// may be null) into their half spectra: dst_a[bin_off(bin, nblk)], likewise dst_b (unused when
 // bb is null). scratch: t.scratch_cv() elements.
 template <typename T>
 void forward_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T>& ba,
@@ -399,8 +415,9 @@ void forward_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T
   constexpr int V = lanes<T>();
   const int64_t L0 = t.L[0], L1 = t.L[1], L2 = t.L[2], H2 = t.H2();
   CV<T>* Z = scratch;
-  CV<T>* b1 = Z + t.points();
-  CV<T>* b2 = b1 + t.max_line();
+  CV<T>* Z2 = Z + t.points();
+  CV<T>* b1 = Z2 + t.points();
+  CV<T>* b2 = b1 + L2;
   int64_t lo[3], hi[3];
   for (int a = 0; a < 3; ++a) {
     lo[a] = ba.lo[a], hi[a] = ba.hi[a];
@@ -423,34 +440,31 @@ void forward_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T
       const CV<T>* r = fft_line<T, false>(t.line[2], b1, b2);
       std::memcpy(static_cast<void*>(zl), r, kCVBytes * L2);
     }
-  axis_pass<T, false>(t, 1, Z, b1, b2, [&](int64_t j0) { return j0 >= lo[0] && j0 < hi[0]; });
-  axis_pass<T, false>(t, 0, Z, b1, b2, [](int64_t) { return true; });
+  pass_axis1<T, false>(t, &Z, &Z2, [&](int64_t j0) { return j0 >= lo[0] && j0 < hi[0]; });
+  pass_axis0<T, false>(t, &Z, &Z2);
   // Separate: A = (Z(u) + conj Z(-u)) / 2, B = (Z(u) - conj Z(-u)) / 2i.
   for (int64_t u0 = 0; u0 < L0; ++u0)
     for (int64_t u1 = 0; u1 < L1; ++u1) {
       const CV<T>* zp = Z + (u0 * L1 + u1) * L2;
       const CV<T>* zm = Z + (((L0 - u0) % L0) * L1 + (L1 - u1) % L1) * L2;
       for (int64_t v = 0; v < H2; ++v) {
-        const CV<T>& p = zp[v];
-        const CV<T>& m = zm[(L2 - v) % L2];
+        const T* __restrict p = zp[v].re;
+        const T* __restrict m = zm[(L2 - v) % L2].re;
         const int64_t bin = (u0 * L1 + u1) * H2 + v;
-        CV<T>& a = dst_a[bin * nblk];
+        alignas(64) T o[4 * V];
         for (int l = 0; l < V; ++l) {
-          a.re[l] = T(0.5) * (p.re[l] + m.re[l]);
-          a.im[l] = T(0.5) * (p.im[l] - m.im[l]);
+          o[l] = T(0.5) * (p[l] + m[l]);
+          o[V + l] = T(0.5) * (p[V + l] - m[V + l]);
+          o[2 * V + l] = T(0.5) * (p[V + l] + m[V + l]);
+          o[3 * V + l] = T(0.5) * (m[l] - p[l]);
         }
-        if (bb) {
-          CV<T>& b = dst_b[bin * nblk];
-          for (int l = 0; l < V; ++l) {
-            b.re[l] = T(0.5) * (p.im[l] + m.im[l]);
-            b.im[l] = T(0.5) * (m.re[l] - p.re[l]);
-          }
-        }
+        std::memcpy(static_cast<void*>(&dst_a[bin_off(bin, nblk)]), o, kCVBytes);
+        if (bb) std::memcpy(static_cast<void*>(&dst_b[bin_off(bin, nblk)]), o + 2 * V, kCVBytes);
       }
     }
 }
 
-// Inverse of forward_pair: the half spectra src_a / src_b (bin stride nblk; src_b and bb may be
+// Inverse of forward_pair: the half spectra src_a / src_b (at bin_off(bin, nblk); src_b, bb may be
 // null) to real signals stored (times scale) into the lanes of ba / bb.
 template <typename T>
 void inverse_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T>& ba,
@@ -459,8 +473,8 @@ void inverse_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T
   constexpr int V = lanes<T>();
   const int64_t L0 = t.L[0], L1 = t.L[1], L2 = t.L[2], H2 = t.H2();
   CV<T>* Z = scratch;
-  CV<T>* b1 = Z + t.points();
-  CV<T>* b2 = b1 + t.max_line();
+  CV<T>* Z2 = Z + t.points();
+  CV<T>* b1 = Z2 + t.points();
   int64_t lo[3], hi[3];
   for (int a = 0; a < 3; ++a) {
     lo[a] = ba.lo[a], hi[a] = ba.hi[a];
@@ -479,28 +493,27 @@ void inverse_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T
         const bool direct = v < H2;
         const int64_t bin = direct ? row + v : mrow + (L2 - v);
         const T sg = direct ? T(1) : T(-1);  // conjugate for the mirrored half
-        const CV<T>& a = src_a[bin * nblk];
-        CV<T>& z = zl[v];
+        const T* __restrict a = src_a[bin_off(bin, nblk)].re;
+        T* __restrict z = zl[v].re;
         if (src_b) {
-          const CV<T>& b = src_b[bin * nblk];
+          const T* __restrict b = src_b[bin_off(bin, nblk)].re;
           for (int l = 0; l < V; ++l) {
-            z.re[l] = a.re[l] - sg * b.im[l];
-            z.im[l] = sg * a.im[l] + b.re[l];
+            z[l] = a[l] - sg * b[V + l];
+            z[V + l] = sg * a[V + l] + b[l];
           }
         } else {
           for (int l = 0; l < V; ++l) {
-            z.re[l] = a.re[l];
-            z.im[l] = sg * a.im[l];
+            z[l] = a[l];
+            z[V + l] = sg * a[V + l];
           }
         }
       }
     }
-  axis_pass<T, true>(t, 0, Z, b1, b2, [](int64_t) { return true; });
-  axis_pass<T, true>(t, 1, Z, b1, b2, [&](int64_t j0) { return j0 >= lo[0] && j0 < hi[0]; });
+  pass_axis0<T, true>(t, &Z, &Z2);
+  pass_axis1<T, true>(t, &Z, &Z2, [&](int64_t j0) { return j0 >= lo[0] && j0 < hi[0]; });
   for (int64_t j0 = lo[0]; j0 < hi[0]; ++j0)
     for (int64_t j1 = lo[1]; j1 < hi[1]; ++j1) {
-      std::memcpy(static_cast<void*>(b1), Z + (j0 * L1 + j1) * L2, kCVBytes * L2);
-      const CV<T>* r = fft_line<T, true>(t.line[2], b1, b2);
+      const CV<T>* r = fft_line<T, true>(t.line[2], Z + (j0 * L1 + j1) * L2, b1);
       if (ba.any) store_line(tv, ba, j0, j1, false, r, scale);
       if (bb && bb->any) store_line(tv, *bb, j0, j1, true, r, scale);
     }
@@ -522,41 +535,66 @@ struct Contraction {
   bool accumulate = false;
 };
 
+// A vector of the V lanes of a CV component (GCC vector extension: one 512-bit register, or two
+// 256-bit ones).
+template <typename T>
+struct VecOf {
+  typedef T type __attribute__((vector_size(64)));
+};
+
+// Out rows (up to kRB, JB lane blocks each; nrows of them stored) (+)= sum_i a(rr, i) . op(B row
+// i), a from the packed apr / api [kRB][I], B row i at b0 + i * bstep (its blocks kBT apart).
 template <typename T, bool Conj, int JB>
 __attribute__((always_inline)) inline void micro(int64_t I, const T* apr, const T* api,
                                                  const CV<T>* b0, int64_t bstep, CV<T>* const* out,
                                                  int64_t nrows, bool accumulate) {
-  constexpr int V = lanes<T>();
-  T accr[kRB][JB][V], acci[kRB][JB][V];
+  using vec = typename VecOf<T>::type;
+  vec accr[kRB][JB], acci[kRB][JB];
+#pragma GCC unroll 4
   for (int rr = 0; rr < kRB; ++rr)
-    for (int jj = 0; jj < JB; ++jj)
-      for (int l = 0; l < V; ++l) {
-        const bool load = accumulate && rr < nrows;
-        accr[rr][jj][l] = load ? out[rr][jj].re[l] : T(0);
-        acci[rr][jj][l] = load ? out[rr][jj].im[l] : T(0);
+#pragma GCC unroll 2
+    for (int jj = 0; jj < JB; ++jj) {
+      if (accumulate && rr < nrows) {
+        std::memcpy(&accr[rr][jj], out[rr][jj * kBT].re, sizeof(vec));
+        std::memcpy(&acci[rr][jj], out[rr][jj * kBT].im, sizeof(vec));
+      } else {
+        accr[rr][jj] = vec{};
+        acci[rr][jj] = vec{};
       }
+    }
   for (int64_t i = 0; i < I; ++i) {
     const CV<T>* b = b0 + i * bstep;
+    vec br[JB], bi[JB];
+#pragma GCC unroll 2
+    for (int jj = 0; jj < JB; ++jj) {
+      std::memcpy(&br[jj], b[jj * kBT].re, sizeof(vec));
+      std::memcpy(&bi[jj], b[jj * kBT].im, sizeof(vec));
+    }
+#pragma GCC unroll 4
     for (int rr = 0; rr < kRB; ++rr) {
-      const T xr = apr[i * kRB + rr], xi = api[i * kRB + rr];
-      for (int jj = 0; jj < JB; ++jj)
-        for (int l = 0; l < V; ++l) {
-          const T br = b[jj].re[l], bi = b[jj].im[l];
-          if constexpr (Conj) {
-            accr[rr][jj][l] += xr * br + xi * bi;
-            acci[rr][jj][l] += xi * br - xr * bi;
-          } else {
-            accr[rr][jj][l] += xr * br - xi * bi;
-            acci[rr][jj][l] += xr * bi + xi * br;
-          }
+      const T xr = apr[rr * I + i], xi = api[rr * I + i];
+#pragma GCC unroll 2
+      for (int jj = 0; jj < JB; ++jj) {
+        // Two fused multiply-adds per component (written so that each contracts into one).
+        accr[rr][jj] += xr * br[jj];
+        acci[rr][jj] += xi * br[jj];
+        if constexpr (Conj) {
+          accr[rr][jj] += xi * bi[jj];
+          acci[rr][jj] -= xr * bi[jj];
+        } else {
+          accr[rr][jj] -= xi * bi[jj];
+          acci[rr][jj] += xr * bi[jj];
         }
+      }
     }
   }
-  for (int rr = 0; rr < nrows; ++rr)
+#pragma GCC unroll 4
+  for (int rr = 0; rr < kRB; ++rr)
+#pragma GCC unroll 2
     for (int jj = 0; jj < JB; ++jj)
-      for (int l = 0; l < V; ++l) {
-        out[rr][jj].re[l] = accr[rr][jj][l];
-        out[rr][jj].im[l] = acci[rr][jj][l];
+      if (rr < nrows) {
+        std::memcpy(out[rr][jj * kBT].re, &accr[rr][jj], sizeof(vec));
+        std::memcpy(out[rr][jj * kBT].im, &acci[rr][jj], sizeof(vec));
       }
 }
 
@@ -569,33 +607,49 @@ void contract_bins(const Contraction& c, const CV<T>* A, const CV<T>* B, CV<T>* 
   T* apr = pack;
   T* api = pack + kRB * c.I;
   for (int64_t bin = bin0; bin < bin1; ++bin) {
-    const CV<T>* Ab = A + bin * c.nblk_a;
-    const CV<T>* Bb = B + bin * c.nblk_b;
-    CV<T>* Ob = Out + bin * c.nblk_o;
+    const CV<T>* Ab = A + bin_off(bin, c.nblk_a);
+    const CV<T>* Bb = B + bin_off(bin, c.nblk_b);
+    CV<T>* Ob = Out + bin_off(bin, c.nblk_o);
     for (int64_t g = 0; g < c.G; ++g)
       for (int64_t r0 = 0; r0 < c.R; r0 += kRB) {
         const int64_t nr = std::min<int64_t>(kRB, c.R - r0);
-        for (int64_t i = 0; i < c.I; ++i)
-          for (int rr = 0; rr < kRB; ++rr) {
-            T xr = 0, xi = 0;
-            if (rr < nr) {
-              const int64_t f = (r0 + rr) * c.ar + i * c.ai + g * c.ag;
-              xr = Ab[f / V].re[f % V];
-              xi = Ab[f / V].im[f % V];
-            }
-            apr[i * kRB + rr] = xr;
-            api[i * kRB + rr] = xi;
+        // Pack the rows' A values as apr[rr * I + i] (whole lane blocks at a time when the
+        // reduction index runs along the lanes).
+        for (int rr = 0; rr < kRB; ++rr) {
+          T* pr = apr + rr * c.I;
+          T* pi = api + rr * c.I;
+          if (rr >= nr) {
+            std::fill(pr, pr + c.I, T(0));
+            std::fill(pi, pi + c.I, T(0));
+            continue;
           }
-        const CV<T>* brow = Bb + g * c.b_g * cb;
-        const int64_t bstep = c.b_i * cb;
+          uint64_t f = static_cast<uint64_t>((r0 + rr) * c.ar + g * c.ag);
+          int64_t i = 0;
+          if (c.ai == 1) {
+            for (; i < c.I && f % V != 0; ++i, ++f) {
+              pr[i] = Ab[f / V * kBT].re[f % V];
+              pi[i] = Ab[f / V * kBT].im[f % V];
+            }
+            for (; i + V <= c.I; i += V, f += V) {
+              std::memcpy(pr + i, Ab[f / V * kBT].re, sizeof(T) * V);
+              std::memcpy(pi + i, Ab[f / V * kBT].im, sizeof(T) * V);
+            }
+          }
+          for (; i < c.I; ++i, f += c.ai) {
+            pr[i] = Ab[f / V * kBT].re[f % V];
+            pi[i] = Ab[f / V * kBT].im[f % V];
+          }
+        }
+        const CV<T>* brow = Bb + g * c.b_g * cb * kBT;
+        const int64_t bstep = c.b_i * cb * kBT;
         for (int64_t jb = 0; jb < cb; jb += 2) {
           CV<T>* orow[kRB];
           for (int rr = 0; rr < kRB; ++rr)
-            orow[rr] = Ob + ((r0 + std::min<int64_t>(rr, nr - 1)) * c.o_r + g * c.o_g) * cb + jb;
+            orow[rr] = Ob + (((r0 + std::min<int64_t>(rr, nr - 1)) * c.o_r + g * c.o_g) * cb + jb) * kBT;
           if (jb + 1 < cb)
-            micro<T, Conj, 2>(c.I, apr, api, brow + jb, bstep, orow, nr, c.accumulate);
+            micro<T, Conj, 2>(c.I, apr, api, brow + jb * kBT, bstep, orow, nr, c.accumulate);
           else
-            micro<T, Conj, 1>(c.I, apr, api, brow + jb, bstep, orow, nr, c.accumulate);
+            micro<T, Conj, 1>(c.I, apr, api, brow + jb * kBT, bstep, orow, nr, c.accumulate);
         }
       }
   }
@@ -635,6 +689,7 @@ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // FFT_TILING's cyclic length along one axis for a filter of `f` taps.
 int64_t tile_length(int64_t f, int active_axes) {
   if (f == 1) return 1;
+  if (const char* e = std::getenv("JAXDNN_FFT_TILE")) return next_smooth(std::max<int64_t>(atoi(e), f));
   if (active_axes == 1) return next_smooth(std::clamp<int64_t>(8 * f, 512, 4096));
   if (active_axes == 2) return next_smooth(std::max<int64_t>(32, 2 * f));
   return next_smooth(std::max<int64_t>(16, 2 * f));
@@ -680,9 +735,10 @@ Plan make_plan(ConvOp op, const ConvProblem& p, bool tiled, int V) {
   const int64_t pts = pl.L[0] * pl.L[1] * pl.L[2];
   const int64_t red = op == ConvOp::kForward ? Cg : op == ConvOp::kBackwardData ? Kg : pl.chunk;
   const int64_t pack_cv = cdiv(2 * kRB * red * 8, kCVBytes);
-  pl.slot_cv = std::max(pts + 2 * std::max({pl.L[0], pl.L[1], pl.L[2]}), pack_cv);
+  pl.slot_cv = std::max(2 * pts + 2 * pl.L[2], pack_cv);
   pl.slots = num_threads();
-  const int64_t cv = pl.bins * (pl.nblk_p + pl.nblk_a + pl.nblk_q) + pl.slots * pl.slot_cv;
+  const int64_t cv = cdiv(pl.bins, kBT) * kBT * (pl.nblk_p + pl.nblk_a + pl.nblk_q) +
+                     pl.slots * pl.slot_cv;
   pl.bytes = static_cast<size_t>(cv) * kCVBytes;
   return pl;
 }
@@ -711,9 +767,10 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
   const Transform3<T> tr = make_transform<T>(pl.L);
   const int64_t bins = pl.bins;
   CV<T>* P = static_cast<CV<T>*>(io.workspace);
-  CV<T>* A = P + bins * pl.nblk_p;
-  CV<T>* Q = A + bins * pl.nblk_a;
-  CV<T>* scratch = Q + bins * pl.nblk_q;
+  const int64_t bins_pad = cdiv(bins, kBT) * kBT;
+  CV<T>* A = P + bins_pad * pl.nblk_p;
+  CV<T>* Q = A + bins_pad * pl.nblk_a;
+  CV<T>* scratch = Q + bins_pad * pl.nblk_q;
   auto slot_scratch = [&](int64_t slot) { return scratch + slot * pl.slot_cv; };
   const T scale = T(1) / static_cast<T>(tr.points());
 
@@ -824,7 +881,7 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
       fill(k0, ba);
       const bool two = k1 < nblk_total;
       if (two) fill(k1, bb);
-      forward_pair(tr, tv, ba, two ? &bb : nullptr, spec + k0, spec + k1, nblk,
+      forward_pair(tr, tv, ba, two ? &bb : nullptr, spec + k0 * kBT, spec + k1 * kBT, nblk,
                    slot_scratch(slot));
     });
   };
@@ -836,12 +893,13 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
       fill(k0, ba);
       const bool two = k1 < nblk_total;
       if (two) fill(k1, bb);
-      inverse_pair(tr, tv, ba, two ? &bb : nullptr, spec + k0, two ? spec + k1 : nullptr, nblk,
+      inverse_pair(tr, tv, ba, two ? &bb : nullptr, spec + k0 * kBT,
+                   two ? spec + k1 * kBT : nullptr, nblk,
                    scale, slot_scratch(slot));
     });
   };
   auto contract = [&](const Contraction& c, const CV<T>* a, const CV<T>* b, CV<T>* o) {
-    const int64_t per = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, c.G * c.R * c.I * c.cb));
+    const int64_t per = kBT;  // one tile of bins per work item
     for_each_slot(cdiv(bins, per), pl.slots, [&](int64_t slot, int64_t item) {
       T* pack = reinterpret_cast<T*>(slot_scratch(slot));
       const int64_t b0 = item * per, b1 = std::min(bins, b0 + per);
