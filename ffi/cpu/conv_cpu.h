@@ -64,6 +64,9 @@ int winograd_tile(ConvOp op, const ConvProblem& p);
 template <typename T> void fft_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io,
                                     bool tiled);
 size_t fft_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes, bool tiled);
+// The cyclic transform length and the number of tiles per axis (D, H, W) that the float32 FFT
+// kernels use for (op, p): one tile per image for FFT; FFT_TILING's choice otherwise.
+void fft_tiles(ConvOp op, const ConvProblem& p, bool tiled, int64_t L[3], int64_t tiles[3]);
 // "" when the FFT kernels (algo kFft or kFftTiling) handle the geometry of p, else the reason.
 std::string fft_unsupported(ConvAlgo algo, const ConvProblem& p);
 

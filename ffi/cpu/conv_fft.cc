@@ -43,7 +43,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -686,42 +685,99 @@ struct Plan {
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// FFT_TILING's cyclic length along one axis for a filter of `f` taps.
-int64_t tile_length(int64_t f, int active_axes) {
-  if (f == 1) return 1;
-  if (const char* e = std::getenv("JAXDNN_FFT_TILE")) return next_smooth(std::max<int64_t>(atoi(e), f));
-  if (active_axes == 1) return next_smooth(std::clamp<int64_t>(8 * f, 512, 4096));
-  if (active_axes == 2) return next_smooth(std::max<int64_t>(32, 2 * f));
-  return next_smooth(std::max<int64_t>(16, 2 * f));
+// Channel-contraction shape of an operation (per group): rows of the filter-side matrix P and
+// its columns, the activation operand's channels and the result's columns.
+struct Shape {
+  int64_t Ci, p_rows, p_cols, q_cols, I, J;
+};
+
+Shape shape_of(ConvOp op, const ConvProblem& p) {
+  const int64_t G = p.G, Cg = p.Cg(), Kg = p.Kg();
+  switch (op) {
+    case ConvOp::kBackwardData: return {p.K, G * Kg, Cg, Cg, Kg, Cg};
+    default: return {p.C, G * Cg, Kg, Kg, Cg, Kg};
+  }
+}
+
+// Estimated time in ns of a pass with cyclic lengths L over the pass output extents E, fitted
+// to single-core timings on the 2-core AVX-512 host (5x5 and 3x3 layers, a 255-tap 1-D filter):
+// ~2 ns per lane block and butterfly-pass point (n log2 n per line, only the lines the pruned
+// passes compute) and ~0.1 ns per complex multiply-add of the channel products.
+double pass_cost(ConvOp op, const ConvProblem& p, const int64_t L[3], const int64_t E[3], int V) {
+  const Shape sh = shape_of(op, p);
+  auto nlogn = [](double n) { return n > 1 ? n * std::log2(n) : 0.0; };
+  // Butterfly work of one block whose data (or stored result) spans n[a] positions per axis.
+  auto passes = [&](const double n[3]) {
+    const double l0 = L[0], l1 = L[1], l2 = L[2];
+    return n[0] * n[1] * nlogn(l2) + n[0] * l2 * nlogn(l1) + l1 * l2 * nlogn(l0);
+  };
+  double tiles = 1, na[3], nq[3], nf[3];
+  for (int a = 0; a < 3; ++a) {
+    const int64_t to = L[a] - p.filt[a] + 1;
+    tiles *= static_cast<double>(cdiv(E[a], to));
+    na[a] = static_cast<double>(std::min(L[a], to + p.filt[a] - 1));
+    nq[a] = static_cast<double>(to);
+    nf[a] = static_cast<double>(p.filt[a]);
+  }
+  const double rows = static_cast<double>(p.N) * tiles;
+  const double bins = static_cast<double>(L[0] * L[1] * (L[2] / 2 + 1));
+  const double blocks_a = rows * static_cast<double>(sh.Ci) / V;
+  const double blocks_q = rows * static_cast<double>(p.G * cdiv(sh.q_cols, V));
+  const double blocks_p = static_cast<double>(sh.p_rows * cdiv(sh.p_cols, V));
+  const double transform = blocks_a * passes(na) + blocks_q * passes(nq) + blocks_p * passes(nf);
+  const double product = bins * rows * static_cast<double>(p.G * sh.I * sh.J);
+  return 2.0 * transform + 0.1 * product;
+}
+
+// FFT_TILING's cyclic lengths: the cheapest by pass_cost among 5-smooth lengths from R up to
+// the whole extent (capped by the dimensionality: long 1-D signals take long tiles, 2-D and 3-D
+// tiles stay cache-sized); an axis whose filter is 1 gets L = 1 (no transform along it).
+void choose_tiles(ConvOp op, const ConvProblem& p, const int64_t E[3], int V, int64_t L[3]) {
+  int active = 0;
+  for (int a = 0; a < 3; ++a) active += p.filt[a] > 1 ? 1 : 0;
+  const int64_t cap = active <= 1 ? 16384 : active == 2 ? 96 : 40;
+  std::vector<int64_t> cand[3];
+  for (int a = 0; a < 3; ++a) {
+    const int64_t whole = next_smooth(E[a] + p.filt[a] - 1);
+    if (p.filt[a] == 1 || E[a] == 0) {
+      cand[a] = {p.filt[a] == 1 ? 1 : whole};
+      continue;
+    }
+    for (int64_t n = p.filt[a] + 1; n < std::min(whole, cap); ++n)
+      if (is_smooth(n)) cand[a].push_back(n);
+    cand[a].push_back(whole);
+  }
+  double best = -1;
+  for (int64_t l0 : cand[0])
+    for (int64_t l1 : cand[1])
+      for (int64_t l2 : cand[2]) {
+        const int64_t c[3] = {l0, l1, l2};
+        const double cost = pass_cost(op, p, c, E, V);
+        if (best < 0 || cost < best) {
+          best = cost;
+          std::copy(c, c + 3, L);
+        }
+      }
 }
 
 Plan make_plan(ConvOp op, const ConvProblem& p, bool tiled, int V) {
   Plan pl;
   pl.tiled = tiled;
   const int64_t G = p.G, Cg = p.Cg(), Kg = p.Kg();
-  int active = 0;
-  for (int a = 0; a < 3; ++a) active += p.filt[a] > 1 ? 1 : 0;
-  active = std::max(active, 1);
   for (int a = 0; a < 3; ++a) {
     pl.E[a] = op == ConvOp::kBackwardData ? p.in[a] : p.out[a];
-    const int64_t whole = pl.E[a] + p.filt[a] - 1;
-    int64_t L = next_smooth(whole);
-    if (tiled) {
-      const int64_t Lt = tile_length(p.filt[a], active);
-      if (Lt < L && Lt >= p.filt[a]) L = Lt;
-    }
-    pl.L[a] = L;
-    pl.To[a] = L - p.filt[a] + 1;
-    pl.nt[a] = pl.E[a] > 0 ? cdiv(pl.E[a], pl.To[a]) : 0;
+    pl.L[a] = next_smooth(pl.E[a] + p.filt[a] - 1);
+  }
+  if (tiled) choose_tiles(op, p, pl.E, V, pl.L);
+  for (int a = 0; a < 3; ++a) {
+    pl.To[a] = pl.L[a] - p.filt[a] + 1;
+    pl.nt[a] = cdiv(pl.E[a], pl.To[a]);
   }
   pl.tiles = pl.nt[0] * pl.nt[1] * pl.nt[2];
   pl.rows = p.N * pl.tiles;
   pl.bins = pl.L[0] * pl.L[1] * (pl.L[2] / 2 + 1);
-  switch (op) {
-    case ConvOp::kForward: pl.Ci = p.C, pl.p_rows = G * Cg, pl.p_cols = Kg, pl.q_cols = Kg; break;
-    case ConvOp::kBackwardData: pl.Ci = p.K, pl.p_rows = G * Kg, pl.p_cols = Cg, pl.q_cols = Cg; break;
-    case ConvOp::kBackwardFilter: pl.Ci = p.C, pl.p_rows = G * Cg, pl.p_cols = Kg, pl.q_cols = Kg; break;
-  }
+  const Shape sh = shape_of(op, p);
+  pl.Ci = sh.Ci, pl.p_rows = sh.p_rows, pl.p_cols = sh.p_cols, pl.q_cols = sh.q_cols;
   const int64_t qcb = cdiv(pl.q_cols, V);
   pl.nblk_p = pl.p_rows * cdiv(pl.p_cols, V);
   // Rows per chunk: the activation and result spectra of a chunk take about kChunkBytes.
@@ -991,6 +1047,11 @@ size_t fft_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes, b
   if (!fft_unsupported(tiled ? ConvAlgo::kFftTiling : ConvAlgo::kFft, p).empty()) return 0;
   const Plan pl = make_plan(op, p, tiled, static_cast<int>(64 / elem_bytes));
   return pl.rows == 0 ? 0 : pl.bytes;
+}
+
+void fft_tiles(ConvOp op, const ConvProblem& p, bool tiled, int64_t L[3], int64_t tiles[3]) {
+  const Plan pl = make_plan(op, p, tiled, lanes<float>());
+  for (int a = 0; a < 3; ++a) L[a] = pl.L[a], tiles[a] = pl.nt[a];
 }
 
 template <typename T>
