@@ -702,7 +702,8 @@ Shape shape_of(ConvOp op, const ConvProblem& p) {
 // Estimated time in ns of a pass with cyclic lengths L over the pass output extents E, fitted
 // to single-core timings on the 2-core AVX-512 host (5x5 and 3x3 layers, a 255-tap 1-D filter):
 // ~2 ns per lane block and butterfly-pass point (n log2 n per line, only the lines the pruned
-// passes compute) and ~0.1 ns per complex multiply-add of the channel products.
+// passes compute), ~0.1 ns per complex multiply-add of the channel products, and the memory
+// traffic of a filter-side spectrum that does not fit in the caches.
 double pass_cost(ConvOp op, const ConvProblem& p, const int64_t L[3], const int64_t E[3], int V) {
   const Shape sh = shape_of(op, p);
   auto nlogn = [](double n) { return n > 1 ? n * std::log2(n) : 0.0; };
@@ -726,7 +727,11 @@ double pass_cost(ConvOp op, const ConvProblem& p, const int64_t L[3], const int6
   const double blocks_p = static_cast<double>(sh.p_rows * cdiv(sh.p_cols, V));
   const double transform = blocks_a * passes(na) + blocks_q * passes(nq) + blocks_p * passes(nf);
   const double product = bins * rows * static_cast<double>(p.G * sh.I * sh.J);
-  return 2.0 * transform + 0.1 * product;
+  // The filter-side spectrum is written once and read once; past the caches that is memory
+  // traffic (~0.05 ns per byte), which favours short tiles (few bins) for wide layers.
+  const double p_bytes = bins * blocks_p * static_cast<double>(kCVBytes);
+  const double memory = p_bytes > (8 << 20) ? 0.1 * p_bytes : 0.0;
+  return 2.0 * transform + 0.1 * product + memory;
 }
 
 // FFT_TILING's cyclic lengths: the cheapest by pass_cost among 5-smooth lengths from R up to
