@@ -743,7 +743,7 @@ void choose_tiles(ConvOp op, const ConvProblem& p, const int64_t E[3], int V, in
   const int64_t cap = active <= 1 ? 16384 : active == 2 ? 96 : 40;
   std::vector<int64_t> cand[3];
   for (int a = 0; a < 3; ++a) {
-    const int64_t whole = next_smooth(E[a] + p.filt[a] - 1);
+    const int64_t whole = next_smooth(std::max<int64_t>(E[a], 1) + p.filt[a] - 1);
     if (p.filt[a] == 1 || E[a] == 0) {
       cand[a] = {p.filt[a] == 1 ? 1 : whole};
       continue;
@@ -771,7 +771,7 @@ Plan make_plan(ConvOp op, const ConvProblem& p, bool tiled, int V) {
   const int64_t G = p.G, Cg = p.Cg(), Kg = p.Kg();
   for (int a = 0; a < 3; ++a) {
     pl.E[a] = op == ConvOp::kBackwardData ? p.in[a] : p.out[a];
-    pl.L[a] = next_smooth(pl.E[a] + p.filt[a] - 1);
+    pl.L[a] = next_smooth(std::max<int64_t>(pl.E[a], 1) + p.filt[a] - 1);  // a tile >= 1
   }
   if (tiled) choose_tiles(op, p, pl.E, V, pl.L);
   for (int a = 0; a < 3; ++a) {
