@@ -82,7 +82,8 @@ def _check_all_ops(case, dtype, algo, seed=0, preferred=None, tol=None):
   errors = {}
   for name, a, b in zip(("forward", "backward-data", "backward-filter"), got, want):
     # The gradients come back in the operands' dtype (16-bit with preferred_element_type).
-    bound = max(tolerance(dtype, preferred), tolerance(a.dtype)) if tol is None else tol
+    bound = (max(tolerance(dtype, preferred, algo=algo), tolerance(a.dtype, algo=algo))
+             if tol is None else tol)
     assert_close(a, b, bound, f"{case.id} {algo.name} {name}")
     errors[name] = relative_error(a, b)
   return errors
@@ -243,7 +244,7 @@ def test_1d_strided_refusal_names_the_axis_tuple():
 
 
 def test_fft_refuses_huge_whole_images_but_tiling_runs_them():
-  """FFT's whole-image transform is capped at 2^19 points; FFT_TILING takes any size."""
+  """FFT's whole-image transform is capped at 2^17 points; FFT_TILING takes any size."""
   g = jaxdnn.ConvGeometry(jaxdnn.Layout.NHWC, (1024, 1024), (3, 3), (1, 1), (1, 1), (1, 1),
                           (1, 1), (1, 1))
   args = (g, 1, 1, 1, F32, F32, algorithms.MathPrecision.HIGHEST)
@@ -251,6 +252,14 @@ def test_fft_refuses_huge_whole_images_but_tiling_runs_them():
   assert "FFT transforms the whole image" in why and "use FFT_TILING" in why, why
   assert algorithms.unsupported_reason("cpu", ConvOp.FORWARD, TILING, *args) == ""
   assert algorithms.workspace_bytes("cpu", ConvOp.FORWARD, TILING, *args) < 64 << 20
+
+
+def test_huge_filter_spectrum_is_refused_with_its_size():
+  g = jaxdnn.ConvGeometry(jaxdnn.Layout.NHWC, (200, 200), (9, 9), (1, 1), (1, 1), (1, 1),
+                          (4, 4), (4, 4))
+  why = algorithms.unsupported_reason("cpu", ConvOp.FORWARD, FFT, g, 1, 1024, 1024, F32, F32,
+                                      algorithms.MathPrecision.HIGHEST)
+  assert "MiB of workspace" in why and "filter spectrum" in why, why
 
 
 def test_tiling_workspace_stays_bounded_for_long_signals():

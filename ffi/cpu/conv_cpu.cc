@@ -178,7 +178,7 @@ std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
       return winograd_fused_unsupported(op, p);
     case ConvAlgo::kFft:
     case ConvAlgo::kFftTiling:
-      return fft_unsupported(algo, p);
+      return fft_unsupported(op, algo, p);
   }
   return "unknown algorithm id";
 }

@@ -67,8 +67,8 @@ size_t fft_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes, b
 // The cyclic transform length and the number of tiles per axis (D, H, W) that the float32 FFT
 // kernels use for (op, p): one tile per image for FFT; FFT_TILING's choice otherwise.
 void fft_tiles(ConvOp op, const ConvProblem& p, bool tiled, int64_t L[3], int64_t tiles[3]);
-// "" when the FFT kernels (algo kFft or kFftTiling) handle the geometry of p, else the reason.
-std::string fft_unsupported(ConvAlgo algo, const ConvProblem& p);
+// "" when the FFT kernels (algo kFft or kFftTiling) handle (op, p), else the reason.
+std::string fft_unsupported(ConvOp op, ConvAlgo algo, const ConvProblem& p);
 
 // Support predicate of the CPU backend: "" when `algo` can run `op` on `p`, else the reason.
 std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p);

@@ -84,9 +84,12 @@ int64_t next_smooth(int64_t n) {
   return n;
 }
 
-// Whole-image transforms above this many points per lane block are refused (the per-thread work
-// buffer would pass 64 MiB): FFT_TILING handles such images.
-constexpr int64_t kMaxFftPoints = int64_t{1} << 19;
+// Whole-image transforms above this many points per lane block are refused (the two per-thread
+// work buffers would pass 32 MiB): FFT_TILING handles such images.
+constexpr int64_t kMaxFftPoints = int64_t{1} << 17;
+// Problems whose workspace (mostly the filter-side spectrum: bins x C x K / G complex numbers)
+// would pass this are refused by both families (the spectrum is not cut into channel blocks).
+constexpr int64_t kMaxWorkspaceBytes = int64_t{2} << 30;
 // Spectra of one chunk of tiles (activation operand and result), about this many bytes.
 constexpr int64_t kChunkBytes = int64_t{8} << 20;
 // Rows of the product's register block.
@@ -1017,7 +1020,7 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
 
 }  // namespace
 
-std::string fft_unsupported(ConvAlgo algo, const ConvProblem& p) {
+std::string fft_unsupported(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
   const std::string name = conv_algo_name(algo);
   auto list = [&](const int64_t* v) {
     std::string s = "(";
@@ -1045,11 +1048,18 @@ std::string fft_unsupported(ConvAlgo algo, const ConvProblem& p) {
              " transform points exceed its limit of " + std::to_string(kMaxFftPoints) +
              " (use FFT_TILING)";
   }
+  // The float64 plan (the larger one: 8 signals per lane block).
+  const Plan pl = make_plan(op, p, algo == ConvAlgo::kFftTiling, lanes<double>());
+  if (pl.rows > 0 && static_cast<int64_t>(pl.bytes) > kMaxWorkspaceBytes)
+    return name + " would need " + std::to_string(pl.bytes >> 20) + " MiB of workspace (its " +
+           "filter spectrum holds " + std::to_string(pl.bins) + " frequencies x " +
+           std::to_string(p.C / p.G) + " x " + std::to_string(p.K) + " channels), over its " +
+           "limit of " + std::to_string(kMaxWorkspaceBytes >> 20) + " MiB";
   return "";
 }
 
 size_t fft_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes, bool tiled) {
-  if (!fft_unsupported(tiled ? ConvAlgo::kFftTiling : ConvAlgo::kFft, p).empty()) return 0;
+  if (!fft_unsupported(op, tiled ? ConvAlgo::kFftTiling : ConvAlgo::kFft, p).empty()) return 0;
   const Plan pl = make_plan(op, p, tiled, static_cast<int>(64 / elem_bytes));
   return pl.rows == 0 ? 0 : pl.bytes;
 }

@@ -94,13 +94,14 @@ FAMILY_NOTES = {
         "CPU: whole-image real transforms (jaxdnn's own mixed-radix 2/3/4/5 FFT, vectorised over "
         "16 float32 / 8 float64 signals), per-frequency complex channel products, inverse "
         "transforms with cropping; stride 1, no dilation, any padding, groups, 1-3-D. Refuses "
-        "images whose padded transform exceeds 2^19 points (use FFT_TILING). Relative error "
-        "bound 1e-5 in float32 (measured <= 6e-7 on the 3x3/5x5 benchmark layers), 1e-12 in "
+        "images whose padded transform exceeds 2^17 points (use FFT_TILING) and workspaces over 2 "
+        "GiB (both families: the filter spectrum is bins x C x K/G). Relative error "
+        "bound 1e-5 in float32 (measured <= 4.4e-7 on the 3x3/5x5 benchmark layers), 1e-12 in "
         "float64"),
     ConvAlgo.FFT_TILING: (
         "CPU: overlap-save tiles (transform lengths chosen per problem by a cost model: about "
         "16-32 per axis in 2-D, 1000-2000 for long 1-D filters), otherwise as FFT; the "
-        "workspace is bounded by chunks of tiles. Same geometry (no size limit) and bounds"),
+        "workspace is bounded by chunks of tiles. Same geometry (no image size limit) and bounds"),
 }
 
 
