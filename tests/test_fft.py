@@ -140,9 +140,11 @@ def test_all_ops_match_lax(case, dtype, algo):
 
 
 @pytest.mark.parametrize("algo", ALGO_PARAMS)
-def test_batch_cut_into_chunks(algo):
-  """More images (tiles) than one workspace chunk of spectra holds (float64: wider spectra)."""
-  case = Case("chunked", (40, 28, 28, 16), (5, 5, 16, 16), (1, 1), "SAME", dnums=NHWC)
+def test_batch_and_channels_cut_into_chunks(algo):
+  """More images (tiles) than one workspace chunk of spectra holds, and a filter spectrum cut
+  into channel chunks (float64: wider spectra), so that FFT runs two row chunks x two channel
+  chunks in all three operations."""
+  case = Case("chunked", (40, 20, 20, 32), (5, 5, 32, 32), (1, 1), "SAME", dnums=NHWC)
   _check_all_ops(case, F64, algo)
 
 

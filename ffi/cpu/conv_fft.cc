@@ -92,6 +92,10 @@ constexpr int64_t kMaxFftPoints = int64_t{1} << 17;
 constexpr int64_t kMaxWorkspaceBytes = int64_t{2} << 30;
 // Spectra of one chunk of tiles (activation operand and result), about this many bytes.
 constexpr int64_t kChunkBytes = int64_t{8} << 20;
+// The filter-side spectrum is cut into blocks of output (forward, backward-filter) or input
+// (backward-data) channels of about this many bytes, each transformed, used and dropped in turn:
+// it stays in cache and the workspace stays small.
+constexpr int64_t kFilterChunkBytes = int64_t{4} << 20;
 // Rows of the product's register block.
 constexpr int kRB = 4;
 // Spectra are stored in tiles of kBT consecutive bins: [bin / kBT][block][bin % kBT], so that a
@@ -682,6 +686,7 @@ struct Plan {
   int64_t Ci = 0;            // channels of the activation operand A (flat spectrum)
   int64_t p_rows = 0, p_cols = 0, q_cols = 0;  // P: rows x cols; Q: chunk * G rows x q_cols
   int64_t nblk_p = 0, nblk_a = 0, nblk_q = 0;  // blocks per bin
+  int64_t cb = 0, jc = 0;    // lane blocks per row of P and Q (columns), per channel chunk
   int64_t slots = 1, slot_cv = 0;
   size_t bytes = 0;
 };
@@ -786,23 +791,27 @@ Plan make_plan(ConvOp op, const ConvProblem& p, bool tiled, int V) {
   pl.bins = pl.L[0] * pl.L[1] * (pl.L[2] / 2 + 1);
   const Shape sh = shape_of(op, p);
   pl.Ci = sh.Ci, pl.p_rows = sh.p_rows, pl.p_cols = sh.p_cols, pl.q_cols = sh.q_cols;
-  const int64_t qcb = cdiv(pl.q_cols, V);
-  pl.nblk_p = pl.p_rows * cdiv(pl.p_cols, V);
+  const int64_t bins_pad = cdiv(pl.bins, kBT) * kBT;
+  // Column blocks per channel chunk (an even count where there is a choice: the products take
+  // two blocks at a time).
+  pl.cb = cdiv(pl.p_cols, V);
+  pl.jc = std::clamp<int64_t>(kFilterChunkBytes / (bins_pad * pl.p_rows * kCVBytes), 1, pl.cb);
+  if (pl.jc < pl.cb && pl.jc > 1) pl.jc &= ~int64_t{1};
+  pl.nblk_p = pl.p_rows * pl.jc;
   // Rows per chunk: the activation and result spectra of a chunk take about kChunkBytes.
   const double per_row = static_cast<double>(pl.bins) * kCVBytes *
-                         (static_cast<double>(pl.Ci) / V + static_cast<double>(G * qcb));
+                         (static_cast<double>(pl.Ci) / V + static_cast<double>(G * pl.jc));
   pl.chunk = std::clamp<int64_t>(static_cast<int64_t>(kChunkBytes / std::max(per_row, 1.0)), 1,
                                  std::max<int64_t>(pl.rows, 1));
   pl.nblk_a = cdiv(pl.chunk * pl.Ci, V);
-  pl.nblk_q = pl.chunk * G * qcb;
+  pl.nblk_q = pl.chunk * G * pl.jc;
   // Per-thread scratch: a transform's work and line buffers, or the product's packed A rows.
   const int64_t pts = pl.L[0] * pl.L[1] * pl.L[2];
   const int64_t red = op == ConvOp::kForward ? Cg : op == ConvOp::kBackwardData ? Kg : pl.chunk;
   const int64_t pack_cv = cdiv(2 * kRB * red * 8, kCVBytes);
   pl.slot_cv = std::max(2 * pts + 2 * pl.L[2], pack_cv);
   pl.slots = num_threads();
-  const int64_t cv = cdiv(pl.bins, kBT) * kBT * (pl.nblk_p + pl.nblk_a + pl.nblk_q) +
-                     pl.slots * pl.slot_cv;
+  const int64_t cv = bins_pad * (pl.nblk_p + pl.nblk_a + pl.nblk_q) + pl.slots * pl.slot_cv;
   pl.bytes = static_cast<size_t>(cv) * kCVBytes;
   return pl;
 }
@@ -892,12 +901,12 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
     }
     finish_block(b);
   };
-  // Lane of row-padded result / dy signals: row (n, tile, g) of the chunk, column j (< cols).
+  // Lane of row-padded result / dy signals: row (n, tile, g) of the row chunk, column j (<
+  // cols) of the channel chunk of jcc blocks from block jb0.
   // Stores: forward y[t0 + j]; backward-data dx[t0 + j - (R - 1)] for j in [R - 1, R - 1 + To);
   // loads (backward-filter dy): dy[t0 + j], j < To.
-  auto q_block = [&](int64_t r0, int64_t r1, int64_t blk, Block<T>& b) {
-    const int64_t cb = cdiv(pl.q_cols, V);
-    const int64_t rr = blk / cb, j0 = blk % cb * V, row = r0 + rr / G, g = rr % G;
+  auto q_block = [&](int64_t r0, int64_t r1, int64_t jb0, int64_t jcc, int64_t blk, Block<T>& b) {
+    const int64_t rr = blk / jcc, j0 = (jb0 + blk % jcc) * V, row = r0 + rr / G, g = rr % G;
     for (int l = 0; l < V; ++l) {
       Lane& ln = b.lane[l];
       ln = Lane{};
@@ -919,11 +928,10 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
     }
     finish_block(b);
   };
-  // Lane of filter signals (P): row (g, i), column j; forward / backward-filter: i = c, j = k;
-  // backward-data: i = k, j = c.
-  auto p_block = [&](int64_t blk, Block<T>& b) {
-    const int64_t cb = cdiv(pl.p_cols, V);
-    const int64_t row = blk / cb, j0 = blk % cb * V;
+  // Lane of filter signals (P): row (g, i), column j (of the channel chunk of jcc blocks from
+  // block jb0); forward / backward-filter: i = c, j = k; backward-data: i = k, j = c.
+  auto p_block = [&](int64_t jb0, int64_t jcc, int64_t blk, Block<T>& b) {
+    const int64_t row = blk / jcc, j0 = (jb0 + blk % jcc) * V;
     const int64_t per_g = pl.p_rows / G, g = row / per_g, i = row % per_g;
     for (int l = 0; l < V; ++l) {
       Lane& ln = b.lane[l];
@@ -974,48 +982,60 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
     });
   };
 
+  const int64_t nj = cdiv(pl.cb, pl.jc);
   if (op != ConvOp::kBackwardFilter) {
-    // Filter spectrum once, then per chunk: activation spectrum, products, inverse.
-    forward_all(pl.nblk_p, pl.nblk_p, P, wv, p_block);
+    // Per chunk of rows: the activation spectrum, then per channel chunk: the filter spectrum
+    // (once when there is one channel chunk), products, inverse transforms.
     for (int64_t r0 = 0; r0 < pl.rows; r0 += pl.chunk) {
       const int64_t r1 = std::min(pl.rows, r0 + pl.chunk), nr = r1 - r0;
-      const int64_t na = cdiv(nr * pl.Ci, V);
-      forward_all(na, pl.nblk_a, A, av,
+      forward_all(cdiv(nr * pl.Ci, V), pl.nblk_a, A, av,
                   [&](int64_t blk, Block<T>& b) { a_block(r0, r1, blk, b); });
-      Contraction c{};
-      c.G = G, c.R = nr, c.J = pl.q_cols, c.cb = cdiv(pl.q_cols, V);
-      c.I = op == ConvOp::kForward ? Cg : Kg;
-      c.ar = pl.Ci, c.ai = 1, c.ag = c.I;
-      c.b_i = 1, c.b_g = c.I;
-      c.o_r = G, c.o_g = 1;
-      c.nblk_a = pl.nblk_a, c.nblk_b = pl.nblk_p, c.nblk_o = pl.nblk_q;
-      c.conj_b = op == ConvOp::kForward;
-      contract(c, A, P, Q);
-      const int64_t nq = nr * G * c.cb;
-      TensorView<T> ov = op == ConvOp::kForward ? yv : xv;
-      inverse_all(nq, pl.nblk_q, Q, ov,
-                  [&](int64_t blk, Block<T>& b) { q_block(r0, r1, blk, b); });
+      for (int64_t jb0 = 0; jb0 < pl.cb; jb0 += pl.jc) {
+        const int64_t jcc = std::min(pl.jc, pl.cb - jb0);
+        if (nj > 1 || r0 == 0)
+          forward_all(pl.p_rows * jcc, pl.nblk_p, P, wv,
+                      [&](int64_t blk, Block<T>& b) { p_block(jb0, jcc, blk, b); });
+        Contraction c{};
+        c.G = G, c.R = nr, c.J = pl.q_cols, c.cb = jcc;
+        c.I = op == ConvOp::kForward ? Cg : Kg;
+        c.ar = pl.Ci, c.ai = 1, c.ag = c.I;
+        c.b_i = 1, c.b_g = c.I;
+        c.o_r = G, c.o_g = 1;
+        c.nblk_a = pl.nblk_a, c.nblk_b = pl.nblk_p, c.nblk_o = pl.nblk_q;
+        c.conj_b = op == ConvOp::kForward;
+        contract(c, A, P, Q);
+        TensorView<T> ov = op == ConvOp::kForward ? yv : xv;
+        inverse_all(nr * G * jcc, pl.nblk_q, Q, ov,
+                    [&](int64_t blk, Block<T>& b) { q_block(r0, r1, jb0, jcc, blk, b); });
+      }
     }
     return;
   }
-  // Backward-filter: accumulate sum over rows of X . conj(DY) per chunk into P, then invert.
-  for (int64_t r0 = 0; r0 < pl.rows; r0 += pl.chunk) {
-    const int64_t r1 = std::min(pl.rows, r0 + pl.chunk), nr = r1 - r0;
-    forward_all(cdiv(nr * pl.Ci, V), pl.nblk_a, A, xv,
-                [&](int64_t blk, Block<T>& b) { a_block(r0, r1, blk, b); });
-    Contraction c{};
-    c.G = G, c.R = Cg, c.I = nr, c.J = Kg, c.cb = cdiv(Kg, V);
-    forward_all(nr * G * c.cb, pl.nblk_q, Q, yv,
-                [&](int64_t blk, Block<T>& b) { q_block(r0, r1, blk, b); });
-    c.ar = 1, c.ai = C, c.ag = Cg;
-    c.b_i = G, c.b_g = 1;
-    c.o_r = 1, c.o_g = Cg;
-    c.nblk_a = pl.nblk_a, c.nblk_b = pl.nblk_q, c.nblk_o = pl.nblk_p;
-    c.conj_b = true;
-    c.accumulate = r0 > 0;
-    contract(c, A, Q, P);
+  // Backward-filter, per channel chunk: accumulate the sum over rows of X . conj(DY) into P,
+  // chunk of rows by chunk of rows (X's spectrum computed once when one chunk holds all rows),
+  // then invert P.
+  for (int64_t jb0 = 0; jb0 < pl.cb; jb0 += pl.jc) {
+    const int64_t jcc = std::min(pl.jc, pl.cb - jb0);
+    for (int64_t r0 = 0; r0 < pl.rows; r0 += pl.chunk) {
+      const int64_t r1 = std::min(pl.rows, r0 + pl.chunk), nr = r1 - r0;
+      if (jb0 == 0 || pl.chunk < pl.rows)
+        forward_all(cdiv(nr * pl.Ci, V), pl.nblk_a, A, xv,
+                    [&](int64_t blk, Block<T>& b) { a_block(r0, r1, blk, b); });
+      forward_all(nr * G * jcc, pl.nblk_q, Q, yv,
+                  [&](int64_t blk, Block<T>& b) { q_block(r0, r1, jb0, jcc, blk, b); });
+      Contraction c{};
+      c.G = G, c.R = Cg, c.I = nr, c.J = Kg, c.cb = jcc;
+      c.ar = 1, c.ai = C, c.ag = Cg;
+      c.b_i = G, c.b_g = 1;
+      c.o_r = 1, c.o_g = Cg;
+      c.nblk_a = pl.nblk_a, c.nblk_b = pl.nblk_q, c.nblk_o = pl.nblk_p;
+      c.conj_b = true;
+      c.accumulate = r0 > 0;
+      contract(c, A, Q, P);
+    }
+    inverse_all(pl.p_rows * jcc, pl.nblk_p, P, wv,
+                [&](int64_t blk, Block<T>& b) { p_block(jb0, jcc, blk, b); });
   }
-  inverse_all(pl.nblk_p, pl.nblk_p, P, wv, p_block);
 }
 
 }  // namespace
