@@ -235,8 +235,8 @@ def test_module_and_wrapper_entry_points(tmp_path):
   wrapper = os.path.join(REPO, "benchmarks", "bench.py")
   if not os.path.exists(wrapper):
     pytest.skip("no repository checkout")
-  proc = _run([sys.executable, wrapper, "--tiny", "--only", "tiny_3x3", "--ops", "fwd",
-               "--algos", "direct,fft", *FAST, "--csv", str(out)], tmp_path)
+  proc = _run([sys.executable, wrapper, "--tiny", "--only", "tiny_5x5_s2", "--ops", "fwd",
+               "--algos", "direct,fft", *FAST, "--csv", str(out)], tmp_path)  # FFT: stride 1 only
   assert proc.returncode == 0, proc.stderr[-2000:]
   _, rows = read_csv(out)
   assert [(r["impl"], r["note"]) for r in rows] == [
