@@ -68,6 +68,13 @@ struct alignas(64) CV {
 constexpr size_t kCVBytes = 128;
 static_assert(sizeof(CV<float>) == kCVBytes && sizeof(CV<double>) == kCVBytes);
 
+// A vector of the V lanes of a CV component (GCC vector extension: one 512-bit register, or two
+// 256-bit ones).
+template <typename T>
+struct VecOf {
+  typedef T type __attribute__((vector_size(64)));
+};
+
 // ---------------------------------------------------------------------------------------------
 // Sizes.
 
@@ -489,7 +496,15 @@ void inverse_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T
       hi[a] = ba.any ? std::max(hi[a], bb->hi[a]) : bb->hi[a];
     }
   }
-  // Z = A + i B over the full spectrum (Hermitian extension of the half spectra).
+  // Z = A + i B over the full spectrum (Hermitian extension of the half spectra):
+  //   v < H2: Z = (ar - bi, ai + br);  mirrored (A = conj A(-u), likewise B): Z = (ar + bi, br - ai).
+  using vec = typename VecOf<T>::type;
+  auto ld = [](const T* p) {
+    vec v;
+    std::memcpy(&v, p, sizeof(vec));
+    return v;
+  };
+  auto st = [](T* p, vec v) { std::memcpy(p, &v, sizeof(vec)); };
   for (int64_t u0 = 0; u0 < L0; ++u0)
     for (int64_t u1 = 0; u1 < L1; ++u1) {
       CV<T>* zl = Z + (u0 * L1 + u1) * L2;
@@ -497,21 +512,15 @@ void inverse_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T
       const int64_t mrow = (((L0 - u0) % L0) * L1 + (L1 - u1) % L1) * H2;
       for (int64_t v = 0; v < L2; ++v) {
         const bool direct = v < H2;
-        const int64_t bin = direct ? row + v : mrow + (L2 - v);
-        const T sg = direct ? T(1) : T(-1);  // conjugate for the mirrored half
-        const T* __restrict a = src_a[bin_off(bin, nblk)].re;
-        T* __restrict z = zl[v].re;
-        if (src_b) {
-          const T* __restrict b = src_b[bin_off(bin, nblk)].re;
-          for (int l = 0; l < V; ++l) {
-            z[l] = a[l] - sg * b[V + l];
-            z[V + l] = sg * a[V + l] + b[l];
-          }
+        const int64_t off = bin_off(direct ? row + v : mrow + (L2 - v), nblk);
+        const vec ar = ld(src_a[off].re), ai = ld(src_a[off].im);
+        const vec br = src_b ? ld(src_b[off].re) : vec{}, bi = src_b ? ld(src_b[off].im) : vec{};
+        if (direct) {
+          st(zl[v].re, ar - bi);
+          st(zl[v].im, ai + br);
         } else {
-          for (int l = 0; l < V; ++l) {
-            z[l] = a[l];
-            z[V + l] = sg * a[V + l];
-          }
+          st(zl[v].re, ar + bi);
+          st(zl[v].im, br - ai);
         }
       }
     }
@@ -541,12 +550,6 @@ struct Contraction {
   bool accumulate = false;
 };
 
-// A vector of the V lanes of a CV component (GCC vector extension: one 512-bit register, or two
-// 256-bit ones).
-template <typename T>
-struct VecOf {
-  typedef T type __attribute__((vector_size(64)));
-};
 
 // Out rows (up to kRB, JB lane blocks each; nrows of them stored) (+)= sum_i a(rr, i) . op(B row
 // i), a from the packed apr / api [kRB][I], B row i at b0 + i * bstep (its blocks kBT apart).
