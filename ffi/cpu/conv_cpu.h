@@ -3,7 +3,8 @@
 // Kernels compute in T = float or double. The handler converts 16-bit operands to float (and the
 // result back) around them, so only these two types are instantiated. Every kernel:
 //   - writes every element of `out` (including when N, an output extent, or the reduction is 0);
-//   - supports any stride, filter dilation, lhs dilation, (negative) padding, groups, 1-3-D;
+//   - supports any stride, filter dilation, lhs dilation, (negative) padding, groups, 1-3-D,
+//     except where its *_unsupported function says otherwise (Winograd, FFT: stride 1 only);
 //   - multithreads with parallel_for (parallel.h) and uses 64-bit offsets;
 //   - uses only the workspace it declared through its *_workspace_bytes function.
 #ifndef JAXDNN_CPU_CONV_CPU_H_

@@ -14,9 +14,10 @@
 // the forward pass on dy with the flipped, channel-swapped filter, the flip done by the spectrum
 // (no conjugate) and the shift R - 1 of the output window. FFT transforms the whole image: one
 // tile per image, L the smallest 5-smooth size >= extent + R - 1 per axis. FFT_TILING cuts the
-// output into tiles (overlap-save) of a fixed cyclic length (32 per axis in 2-D, 16 in 3-D, 512
-// to 4096 in 1-D chosen by the filter length; an axis whose filter is 1 gets L = 1) and treats
-// tiles like extra images, so the workspace is bounded by a chunk of tiles.
+// output into tiles (overlap-save) whose cyclic lengths a fitted cost model picks per problem
+// (pass_cost: ~16-20 per axis for 3x3/5x5 filters in 2-D, ~1600-2048 for a 255-tap 1-D filter;
+// an axis whose filter is 1 gets L = 1) and treats tiles like extra images, so the workspace is
+// bounded by a chunk of tiles whatever the image size.
 //
 // Layers of the implementation, bottom up:
 //   * Transforms work on "lane blocks": V = 64 / sizeof(T) independent real signals (16 floats or
@@ -28,10 +29,14 @@
 //     twiddles precomputed in double. 2-D/3-D: one axis after the other, the first pass of a
 //     forward transform only on lines that hold data, the last pass of an inverse only on lines
 //     that are stored (zero padding and cropping are pruned, not computed).
-//   * Spectra live in the workspace as [bin][block] of CV (V complex numbers, planar), bins
-//     L0 x L1 x (L2/2 + 1) (Hermitian half). The per-bin channel contraction is a small complex
-//     matrix product: Out[r][j] (+)= sum_i A(r, i) . op(B[i][j]), op = conj or identity, vector
-//     over j (a lane block), 4 rows per register block, A broadcast from a packed copy.
+//   * Spectra live in the workspace as [bin tile][block][bin] of CV (V complex numbers, planar;
+//     tiles of 16 bins), bins L0 x L1 x (L2/2 + 1) (Hermitian half). The per-bin channel
+//     contraction is a small complex matrix product: Out[r][j] (+)= sum_i A(r, i) . op(B[i][j]),
+//     op = conj or identity, vector over j (a lane block), 4 rows x 2 blocks per register block,
+//     A broadcast from a packed copy.
+//   * Loop structure: rows (image x tile) in chunks of ~8 MB of spectra; the filter-side
+//     spectrum (bins x C x K / G, the largest) in chunks of ~4 MB of output (input, for dgrad)
+//     channels, each transformed, contracted and dropped in turn (cache-resident).
 // Signals are mapped to lanes by per-lane gather offsets, so any layout, group count and channel
 // count works; when the lanes are V consecutive channels of one pixel (NHWC, channel counts that
 // fill a block) loads and stores are plain vector copies. The activation operand is packed
