@@ -186,7 +186,8 @@ std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
 std::string can_implement_fused(ConvAlgo algo, const ConvProblem& p) {
   // Each family applies the epilogue where it stores its output (epilogue.h): GEMM and the two
   // implicit GEMMs after the last K block of each macro tile, DIRECT per output row segment,
-  // both Winograd families in their output transform.
+  // both Winograd families in their output transform, FFT / FFT_TILING as the inverse
+  // transform stores each output row (or pixel of a block of channels).
   return can_implement(ConvOp::kForward, algo, p);
 }
 

@@ -259,6 +259,7 @@ CV<T>* fft_line(const LinePlan<T>& pl, CV<T>* x, CV<T>* y, int64_t wv = 1) {
 
 struct Lane {
   int64_t base = -1;  // offset of the signal's element at spatial index (0, 0, 0); -1: no signal
+  int64_t ch = 0;     // output channel (forward results: the fused epilogue's bias index)
   int64_t org[3] = {0, 0, 0};  // spatial index = org + j for cyclic position j
   int64_t lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};  // positions j in [lo, hi) are read / written
 };
@@ -369,10 +370,11 @@ void load_line(const TensorView<T>& tv, const Block<T>& b, int64_t j0, int64_t j
   }
 }
 
-// Stores component `im` of buf[0, L2) (times scale) to the lanes of `b` on line (j0, j1).
+// Stores component `im` of buf[0, L2) (times scale) to the lanes of `b` on line (j0, j1), then
+// applies the fused epilogue `epi` (forward results only; null otherwise) to what it stored.
 template <typename T>
 void store_line(const TensorView<T>& tv, const Block<T>& b, int64_t j0, int64_t j1, bool im,
-                const CV<T>* buf, T scale) {
+                const CV<T>* buf, T scale, const CpuEpilogue<T>* epi) {
   constexpr int V = lanes<T>();
   if (b.contig) {
     const Lane& ln = b.lane[0];
@@ -383,6 +385,7 @@ void store_line(const TensorView<T>& tv, const Block<T>& b, int64_t j0, int64_t 
       const T* s = im ? buf[j2].im : buf[j2].re;
       T* d = dst + j2 * tv.st[2];
       for (int l = 0; l < V; ++l) d[l] = s[l] * scale;
+      if (epi) epi->apply(d, V, 1, ln.ch, 1);  // V consecutive channels of one pixel
     }
     return;
   }
@@ -396,6 +399,7 @@ void store_line(const TensorView<T>& tv, const Block<T>& b, int64_t j0, int64_t 
       for (int64_t j2 = ln.lo[2]; j2 < ln.hi[2]; ++j2) dst[j2 * tv.st[2]] = buf[j2].im[l] * scale;
     else
       for (int64_t j2 = ln.lo[2]; j2 < ln.hi[2]; ++j2) dst[j2 * tv.st[2]] = buf[j2].re[l] * scale;
+    if (epi) epi->apply(dst + ln.lo[2] * tv.st[2], ln.hi[2] - ln.lo[2], tv.st[2], ln.ch, 0);
   }
 }
 
@@ -487,7 +491,7 @@ void forward_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T
 template <typename T>
 void inverse_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T>& ba,
                   const Block<T>* bb, const CV<T>* src_a, const CV<T>* src_b, int64_t nblk,
-                  T scale, CV<T>* scratch) {
+                  T scale, CV<T>* scratch, const CpuEpilogue<T>* epi) {
   constexpr int V = lanes<T>();
   const int64_t L0 = t.L[0], L1 = t.L[1], L2 = t.L[2], H2 = t.H2();
   CV<T>* Z = scratch;
@@ -534,8 +538,8 @@ void inverse_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T
   for (int64_t j0 = lo[0]; j0 < hi[0]; ++j0)
     for (int64_t j1 = lo[1]; j1 < hi[1]; ++j1) {
       const CV<T>* r = fft_line<T, true>(t.line[2], Z + (j0 * L1 + j1) * L2, b1);
-      if (ba.any) store_line(tv, ba, j0, j1, false, r, scale);
-      if (bb && bb->any) store_line(tv, *bb, j0, j1, true, r, scale);
+      if (ba.any) store_line(tv, ba, j0, j1, false, r, scale, epi);
+      if (bb && bb->any) store_line(tv, *bb, j0, j1, true, r, scale, epi);
     }
 }
 
@@ -932,6 +936,7 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
         set_lane(ln, n * xs.n + (g * Cg + j) * xs.c, org, wlo, whi, xv.ext);
       } else {
         set_lane(ln, n * ys.n + (g * Kg + j) * ys.c, t0, zero3, win_out, yv.ext);
+        ln.ch = g * Kg + j;
       }
     }
     finish_block(b);
@@ -966,7 +971,8 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
     });
   };
   auto inverse_all = [&](int64_t nblk_total, int64_t nblk, const CV<T>* spec,
-                         const TensorView<T>& tv, const auto& fill) {
+                         const TensorView<T>& tv, const auto& fill,
+                         const CpuEpilogue<T>* epi = nullptr) {
     for_each_slot(cdiv(nblk_total, 2), pl.slots, [&](int64_t slot, int64_t item) {
       Block<T> ba, bb;
       const int64_t k0 = 2 * item, k1 = k0 + 1;
@@ -975,7 +981,7 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
       if (two) fill(k1, bb);
       inverse_pair(tr, tv, ba, two ? &bb : nullptr, spec + k0 * kBT,
                    two ? spec + k1 * kBT : nullptr, nblk,
-                   scale, slot_scratch(slot));
+                   scale, slot_scratch(slot), epi);
     });
   };
   auto contract = [&](const Contraction& c, const CV<T>* a, const CV<T>* b, CV<T>* o) {
@@ -1014,7 +1020,8 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
         contract(c, A, P, Q);
         TensorView<T> ov = op == ConvOp::kForward ? yv : xv;
         inverse_all(nr * G * jcc, pl.nblk_q, Q, ov,
-                    [&](int64_t blk, Block<T>& b) { q_block(r0, r1, jb0, jcc, blk, b); });
+                    [&](int64_t blk, Block<T>& b) { q_block(r0, r1, jb0, jcc, blk, b); },
+                    op == ConvOp::kForward ? io.epi : nullptr);
       }
     }
     return;
