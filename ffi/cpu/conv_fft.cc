@@ -328,7 +328,6 @@ struct Transform3 {
   int64_t H2() const { return L[2] / 2 + 1; }
   int64_t points() const { return L[0] * L[1] * L[2]; }
   int64_t bins() const { return L[0] * L[1] * H2(); }
-  int64_t max_line() const { return std::max({L[0], L[1], L[2]}); }
   // Per-thread scratch: two work buffers plus two line buffers, in CV elements.
   int64_t scratch_cv() const { return 2 * points() + 2 * L[2]; }
 };
@@ -492,7 +491,6 @@ template <typename T>
 void inverse_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T>& ba,
                   const Block<T>* bb, const CV<T>* src_a, const CV<T>* src_b, int64_t nblk,
                   T scale, CV<T>* scratch, const CpuEpilogue<T>* epi) {
-  constexpr int V = lanes<T>();
   const int64_t L0 = t.L[0], L1 = t.L[1], L2 = t.L[2], H2 = t.H2();
   CV<T>* Z = scratch;
   CV<T>* Z2 = Z + t.points();
@@ -550,7 +548,7 @@ void inverse_pair(const Transform3<T>& t, const TensorView<T>& tv, const Block<T
 //   orow = r * o_r + g * o_g,  brow = i * b_i + g * b_g;  A scalar (flat, nblk_a blocks per bin),
 //   B and Out in blocks (nblk_b, nblk_o per bin) of cb blocks per row.
 struct Contraction {
-  int64_t G, R, I, J;   // groups, rows, reduction, columns (per group)
+  int64_t G, R, I;      // groups, rows, reduction (per group)
   int64_t ar, ai, ag;   // A flat index strides
   int64_t b_i, b_g, o_r, o_g;
   int64_t nblk_a, nblk_b, nblk_o;
@@ -691,7 +689,6 @@ void for_each_slot(int64_t n, int64_t slots, const Fn& fn) {
 // The plan of one operation: tiles, cyclic lengths, chunking and workspace.
 
 struct Plan {
-  bool tiled = false;
   int64_t L[3] = {1, 1, 1}, To[3] = {1, 1, 1}, nt[3] = {1, 1, 1};
   int64_t E[3] = {0, 0, 0};  // pass output extent (forward/backward-filter: out; backward-data: in)
   int64_t tiles = 0, rows = 0, chunk = 0, bins = 0;
@@ -787,7 +784,6 @@ void choose_tiles(ConvOp op, const ConvProblem& p, const int64_t E[3], int V, in
 
 Plan make_plan(ConvOp op, const ConvProblem& p, bool tiled, int V) {
   Plan pl;
-  pl.tiled = tiled;
   const int64_t G = p.G, Cg = p.Cg(), Kg = p.Kg();
   for (int a = 0; a < 3; ++a) {
     pl.E[a] = op == ConvOp::kBackwardData ? p.in[a] : p.out[a];
@@ -1010,7 +1006,7 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
           forward_all(pl.p_rows * jcc, pl.nblk_p, P, wv,
                       [&](int64_t blk, Block<T>& b) { p_block(jb0, jcc, blk, b); });
         Contraction c{};
-        c.G = G, c.R = nr, c.J = pl.q_cols, c.cb = jcc;
+        c.G = G, c.R = nr, c.cb = jcc;
         c.I = op == ConvOp::kForward ? Cg : Kg;
         c.ar = pl.Ci, c.ai = 1, c.ag = c.I;
         c.b_i = 1, c.b_g = c.I;
@@ -1039,7 +1035,7 @@ void run_fft(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool ti
       forward_all(nr * G * jcc, pl.nblk_q, Q, yv,
                   [&](int64_t blk, Block<T>& b) { q_block(r0, r1, jb0, jcc, blk, b); });
       Contraction c{};
-      c.G = G, c.R = Cg, c.I = nr, c.J = Kg, c.cb = jcc;
+      c.G = G, c.R = Cg, c.I = nr, c.cb = jcc;
       c.ar = 1, c.ai = C, c.ag = Cg;
       c.b_i = G, c.b_g = 1;
       c.o_r = 1, c.o_g = Cg;
