@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "float16.h"
+#include "f16_storage.h"
 
 namespace jaxdnn::cpu::f16 {
 
