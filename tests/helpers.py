@@ -24,16 +24,20 @@ GENERAL_FAMILIES = (
     jaxdnn.ConvAlgo.IMPLICIT_GEMM,
     jaxdnn.ConvAlgo.IMPLICIT_PRECOMP_GEMM,
 )
-# The families with CPU kernels: the general ones, WINOGRAD_NONFUSED (2-D 3x3 filters, stride 1,
-# no dilation) and WINOGRAD (the same geometry; forward and backward-data only). Tests skip the
-# problems a family refuses through require_supported.
-FAMILIES = (*GENERAL_FAMILIES, jaxdnn.ConvAlgo.WINOGRAD_NONFUSED, jaxdnn.ConvAlgo.WINOGRAD)
-# cuDNN's families with no CPU kernel at all (they must be refused).
-KERNEL_LESS = (
-    jaxdnn.ConvAlgo.FFT,
-    jaxdnn.ConvAlgo.FFT_TILING,
-)
-ALGOS = (*FAMILIES, "auto")
+# The families with CPU kernels (all eight): the general ones, WINOGRAD_NONFUSED (2-D 3x3 filters,
+# stride 1, no dilation), WINOGRAD (the same geometry; forward and backward-data only), FFT and
+# FFT_TILING (stride 1, no dilation, any filter). Tests skip the problems a family refuses through
+# require_supported.
+FAMILIES = (*GENERAL_FAMILIES, jaxdnn.ConvAlgo.WINOGRAD_NONFUSED, jaxdnn.ConvAlgo.WINOGRAD,
+            jaxdnn.ConvAlgo.FFT, jaxdnn.ConvAlgo.FFT_TILING)
+# The families that refuse some geometries (strided, dilated, ...) on the CPU; a 3x3 convolution
+# with stride 2 is refused by all of them.
+RESTRICTED = tuple(a for a in FAMILIES if a not in GENERAL_FAMILIES)
+FFT_FAMILIES = (jaxdnn.ConvAlgo.FFT, jaxdnn.ConvAlgo.FFT_TILING)
+# The per-family suites (grid, grads, vmap, jit, nn) loop over these. FFT and FFT_TILING share
+# every kernel but the tile plan (on the suites' small images FFT_TILING mostly plans one tile,
+# as FFT does), so the suites run FFT_TILING and tests/test_fft.py runs both on its own cases.
+ALGOS = (*(a for a in FAMILIES if a is not jaxdnn.ConvAlgo.FFT), "auto")
 
 
 def algo_id(algo) -> str:

@@ -79,8 +79,9 @@ def test_tiny_run_csv(tiny_run):
       assert ms > 0 and float(r["workspace_mb"]) >= 0
       # TFLOP/s = GFLOP / ms (both rounded to 4 significant digits)
       assert math.isclose(tflops, float(r["gflop"]) / ms, rel_tol=2e-2)
-  # The kernel-less families (FFT, WINOGRAD, ...) are listed as unsupported, with the reason.
-  assert n_unsupported >= len(helpers.KERNEL_LESS) * len(layers) * 3
+  # Families that refuse a layer are listed as unsupported, with the reason: at least the
+  # restricted families (Winograd, FFT) on the strided layer, in all three operations.
+  assert n_unsupported >= len(helpers.RESTRICTED) * 3
 
 
 def test_tiny_run_markdown(tiny_run):
@@ -101,8 +102,9 @@ def test_tiny_run_markdown(tiny_run):
     assert cells[col["fastest family"]] == best
     assert cells[col[best]].startswith("**")
     assert cells[col["vs lax"]] == f"{float(mine['lax']['ms']) / timed[best]:.2f}x"
-    for algo in helpers.KERNEL_LESS:
-      assert cells[col[algo.name]] == bench.NOT_SUPPORTED
+    if layer == "tiny_5x5_s2":  # strided: the restricted families refuse it
+      for algo in helpers.RESTRICTED:
+        assert cells[col[algo.name]] == bench.NOT_SUPPORTED
 
 
 def test_tiny_run_plots(tiny_run):
@@ -233,8 +235,8 @@ def test_module_and_wrapper_entry_points(tmp_path):
   wrapper = os.path.join(REPO, "benchmarks", "bench.py")
   if not os.path.exists(wrapper):
     pytest.skip("no repository checkout")
-  proc = _run([sys.executable, wrapper, "--tiny", "--only", "tiny_3x3", "--ops", "fwd",
-               "--algos", "direct,fft", *FAST, "--csv", str(out)], tmp_path)
+  proc = _run([sys.executable, wrapper, "--tiny", "--only", "tiny_5x5_s2", "--ops", "fwd",
+               "--algos", "direct,fft", *FAST, "--csv", str(out)], tmp_path)  # FFT: stride 1 only
   assert proc.returncode == 0, proc.stderr[-2000:]
   _, rows = read_csv(out)
   assert [(r["impl"], r["note"]) for r in rows] == [

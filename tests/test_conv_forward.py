@@ -10,7 +10,7 @@ from jax import lax
 
 import jaxdnn
 from grid import GRID, GRID_PARAMS, NCHW, NHWC, Case
-from helpers import (FAMILIES, GENERAL_FAMILIES, KERNEL_LESS, PLATFORM, algo_id, algo_params, jaxdnn_eqns,
+from helpers import (FAMILIES, GENERAL_FAMILIES, RESTRICTED, PLATFORM, algo_id, algo_params, jaxdnn_eqns,
                      lax_conv64, problems, rand, require_supported)
 from jaxdnn._src import algorithms
 from jaxdnn._src.geometry import ConvGeometry, ConvOp, Layout
@@ -142,11 +142,12 @@ def test_cpu_families_support_the_whole_grid(case):
                                          prec) in FAMILIES
 
 
-_GEOM = ConvGeometry(layout=Layout.NHWC, in_spatial=(5, 5), filter_spatial=(3, 3), stride=(1, 1),
+# A 3x3 convolution with stride 2: every family with geometry restrictions refuses it.
+_GEOM = ConvGeometry(layout=Layout.NHWC, in_spatial=(5, 5), filter_spatial=(3, 3), stride=(2, 2),
                      rhs_dilation=(1, 1), lhs_dilation=(1, 1), pad_lo=(1, 1), pad_hi=(1, 1))
 _X = jnp.ones((2, 5, 5, 4), jnp.float32)
 _W = jnp.ones((3, 3, 4, 6), jnp.float32)
-_Y = jnp.ones((2, 5, 5, 6), jnp.float32)
+_Y = jnp.ones((2, 3, 3, 6), jnp.float32)
 _OPS = {
     "forward": lambda algo: (lambda: jaxdnn.conv_forward(_X, _W, _GEOM, algo)),
     "backward-data": lambda algo: (lambda: jaxdnn.conv_backward_data(_Y, _W, _GEOM, algo)),
@@ -155,8 +156,8 @@ _OPS = {
 
 
 @pytest.mark.parametrize("op", list(_OPS))
-@pytest.mark.parametrize("algo", KERNEL_LESS, ids=algo_id)
-def test_cpu_kernel_less_families_are_refused(algo, op):
+@pytest.mark.parametrize("algo", RESTRICTED, ids=algo_id)
+def test_cpu_restricted_families_refuse_strided_geometry(algo, op):
   fn = _OPS[op](algo)
   with pytest.raises(ValueError, match="Families that can:") as info:
     jax.jit(fn).trace().lower(lowering_platforms=("cpu",))
@@ -165,22 +166,23 @@ def test_cpu_kernel_less_families_are_refused(algo, op):
   listed = msg.split("Families that can:")[1]
   for family in GENERAL_FAMILIES:
     assert family.name in listed, msg
-  assert jaxdnn.ConvAlgo.WINOGRAD_NONFUSED.name in listed, msg  # a 3x3 stride-1 geometry
+  for family in RESTRICTED:
+    assert family.name not in listed, msg
 
 
-@pytest.mark.parametrize("algo", KERNEL_LESS, ids=algo_id)
-def test_kernel_less_family_raises_eagerly_without_abort(algo):
+@pytest.mark.parametrize("algo", RESTRICTED, ids=algo_id)
+def test_restricted_family_raises_eagerly_without_abort(algo):
   if PLATFORM != "cpu":
     pytest.skip("the CPU backend's refusal is checked here")
   x = rand((1, 4, 4, 2), F32)
   w = rand((3, 3, 2, 2), F32)
   with pytest.raises(ValueError, match="Families that can:"):
-    jaxdnn.conv(x, w, (1, 1), "SAME", dimension_numbers=NHWC, algo=algo)
+    jaxdnn.conv(x, w, (2, 2), "SAME", dimension_numbers=NHWC, algo=algo)
   with pytest.raises(ValueError, match="Families that can:"):
-    jaxdnn.conv(x, w, (1, 1), "SAME", dimension_numbers=NHWC, algo=algo.value)
+    jaxdnn.conv(x, w, (2, 2), "SAME", dimension_numbers=NHWC, algo=algo.value)
   # The process is still healthy afterwards.
-  y = jaxdnn.conv(x, w, (1, 1), "SAME", dimension_numbers=NHWC, algo="direct")
-  assert_close(y, lax_conv64(x, w, (1, 1), "SAME", dimension_numbers=NHWC), tolerance(F32))
+  y = jaxdnn.conv(x, w, (2, 2), "SAME", dimension_numbers=NHWC, algo="direct")
+  assert_close(y, lax_conv64(x, w, (2, 2), "SAME", dimension_numbers=NHWC), tolerance(F32))
 
 
 @pytest.mark.parametrize("name", [a.value for a in FAMILIES] + [a.name for a in FAMILIES]

@@ -10,7 +10,7 @@ from jax import lax
 
 import jaxdnn
 from grid import NHWC
-from helpers import KERNEL_LESS, PLATFORM, algo_id
+from helpers import RESTRICTED, PLATFORM, algo_id
 
 X_SHAPE = (2, 5, 5, 4)  # NHWC
 W_SHAPE = (3, 3, 4, 6)  # HWIO
@@ -148,14 +148,14 @@ def test_valid_arguments_accept_numpy_integers_and_lists():
   assert y.shape == (2, 5, 5, 6)
 
 
-@pytest.mark.parametrize("algo", KERNEL_LESS, ids=algo_id)
-def test_explicit_kernel_less_family_raises_not_aborts(algo):
+@pytest.mark.parametrize("algo", RESTRICTED, ids=algo_id)
+def test_explicit_family_refusing_the_geometry_raises_not_aborts(algo):
   if PLATFORM != "cpu":
     pytest.skip("checks the CPU backend's refusal")
   with pytest.raises(ValueError, match=f"algo={algo.name}.*Families that can:"):
-    _call(algo=algo)
+    _call(window_strides=(2, 2), algo=algo)
   with pytest.raises(ValueError, match="Families that can:"):
-    jax.jit(lambda x, w: jaxdnn.conv(x, w, (1, 1), "SAME", dimension_numbers=NHWC,
+    jax.jit(lambda x, w: jaxdnn.conv(x, w, (2, 2), "SAME", dimension_numbers=NHWC,
                                      algo=algo.value))(jnp.ones(X_SHAPE), jnp.ones(W_SHAPE))
 
 

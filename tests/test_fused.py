@@ -122,8 +122,19 @@ GENERAL_CASES = WINO_CASES + [
 ]
 
 
+# FFT and FFT_TILING: the stride-1, undilated general geometries, a 5x5 filter with 16 output
+# channels (whole lane blocks: the channels-last vector store) and a long 1-D filter.
+FFT_CASES = [c for c in GENERAL_CASES
+             if all(s == 1 for s in c.strides) and not c.rhs_dilation] + [
+    FCase("nhwc-5x5-k16", (2, 9, 7, 3), (5, 5, 3, 16), (1, 1), "SAME", NHWC),
+    FCase("nwc-1d-31-taps", (2, 70, 2), (31, 2, 3), (1,), ((20, 10),), NWC),
+]
+
+
 def cases_for(algo):
-  return WINO_CASES if algo in (A.WINOGRAD, A.WINOGRAD_NONFUSED) else GENERAL_CASES
+  if algo in (A.WINOGRAD, A.WINOGRAD_NONFUSED):
+    return WINO_CASES
+  return FFT_CASES if algo in (A.FFT, A.FFT_TILING) else GENERAL_CASES
 
 
 def fused(case, algo, act=None, param=None, **extra):
@@ -478,8 +489,11 @@ def test_bad_arguments(kwargs, exc, match):
 def test_family_without_epilogue_is_refused_and_auto_avoids_it(monkeypatch):
   case = WINO_CASES[0]
   x, w, b, _ = case.inputs(seed=81)
-  with pytest.raises(ValueError, match=r"algo=FFT cannot run the fused .* Families that can:"):
-    jaxdnn.conv(x, w, **case.conv_kwargs(), bias=b, activation="relu", algo="fft")
+  # Every CPU family carries the epilogue; one that cannot run the geometry is refused.
+  strided = {**case.conv_kwargs(), "window_strides": (2, 2)}
+  with pytest.raises(ValueError, match=r"algo=FFT cannot run the fused .*FFT needs "
+                                       r"window_strides 1, got \(2, 2\).* Families that can:"):
+    jaxdnn.conv(x, w, **strided, bias=b, activation="relu", algo="fft")
 
   # An extension without the fused queries (a CUDA build predating them) carries the epilogue
   # in the four general families only, with the plain forward's support and workspace.

@@ -76,8 +76,10 @@ size_t algo_workspace_bytes(ConvOp op, ConvAlgo algo, const ConvProblem& p, size
     case ConvAlgo::kImplicitPrecompGemm: return implicit_gemm_workspace_bytes(op, p, elem, true);
     case ConvAlgo::kWinogradNonfused: return winograd_nonfused_workspace_bytes(op, p, elem);
     case ConvAlgo::kWinograd: return winograd_fused_workspace_bytes(op, p, elem);
-    default: return 0;
+    case ConvAlgo::kFft: return fft_workspace_bytes(op, p, elem, false);
+    case ConvAlgo::kFftTiling: return fft_workspace_bytes(op, p, elem, true);
   }
+  return 0;
 }
 
 // Workspace layout: [a widened][b widened][out in compute type][bias widened][algorithm
@@ -154,7 +156,8 @@ void run_typed(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType o
     case ConvAlgo::kImplicitPrecompGemm: implicit_gemm_conv<T>(op, p, io, true); break;
     case ConvAlgo::kWinogradNonfused: winograd_nonfused_conv<T>(op, p, io); break;
     case ConvAlgo::kWinograd: winograd_fused_conv<T>(op, p, io); break;
-    default: break;
+    case ConvAlgo::kFft: fft_conv<T>(op, p, io, false); break;
+    case ConvAlgo::kFftTiling: fft_conv<T>(op, p, io, true); break;
   }
   if (out_dtype != acc) narrow(out_t, out_dtype, out, nout);
 }
@@ -173,15 +176,18 @@ std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
       return winograd_unsupported(p);
     case ConvAlgo::kWinograd:
       return winograd_fused_unsupported(op, p);
-    default:
-      return std::string(conv_algo_name(algo)) + " has no CPU kernel yet";
+    case ConvAlgo::kFft:
+    case ConvAlgo::kFftTiling:
+      return fft_unsupported(op, algo, p);
   }
+  return "unknown algorithm id";
 }
 
 std::string can_implement_fused(ConvAlgo algo, const ConvProblem& p) {
   // Each family applies the epilogue where it stores its output (epilogue.h): GEMM and the two
   // implicit GEMMs after the last K block of each macro tile, DIRECT per output row segment,
-  // both Winograd families in their output transform.
+  // both Winograd families in their output transform, FFT / FFT_TILING as the inverse
+  // transform stores each output row (or pixel of a block of channels).
   return can_implement(ConvOp::kForward, algo, p);
 }
 

@@ -3,7 +3,8 @@
 // Kernels compute in T = float or double. The handler converts 16-bit operands to float (and the
 // result back) around them, so only these two types are instantiated. Every kernel:
 //   - writes every element of `out` (including when N, an output extent, or the reduction is 0);
-//   - supports any stride, filter dilation, lhs dilation, (negative) padding, groups, 1-3-D;
+//   - supports any stride, filter dilation, lhs dilation, (negative) padding, groups, 1-3-D,
+//     except where its *_unsupported function says otherwise (Winograd, FFT: stride 1 only);
 //   - multithreads with parallel_for (parallel.h) and uses 64-bit offsets;
 //   - uses only the workspace it declared through its *_workspace_bytes function.
 #ifndef JAXDNN_CPU_CONV_CPU_H_
@@ -58,6 +59,17 @@ std::string winograd_fused_unsupported(ConvOp op, const ConvProblem& p);
 std::string winograd_unsupported(const ConvProblem& p);
 // Output tile edge (4 or 2) the kernel uses for (op, p).
 int winograd_tile(ConvOp op, const ConvProblem& p);
+
+// FFT / FFT_TILING (conv_fft.cc): whole-image (FFT) or overlap-save tiles (FFT_TILING) of real
+// transforms, per-frequency complex channel products, inverse transforms. Stride 1, no dilation.
+template <typename T> void fft_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io,
+                                    bool tiled);
+size_t fft_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes, bool tiled);
+// The cyclic transform length and the number of tiles per axis (D, H, W) that the float32 FFT
+// kernels use for (op, p): one tile per image for FFT; FFT_TILING's choice otherwise.
+void fft_tiles(ConvOp op, const ConvProblem& p, bool tiled, int64_t L[3], int64_t tiles[3]);
+// "" when the FFT kernels (algo kFft or kFftTiling) handle (op, p), else the reason.
+std::string fft_unsupported(ConvOp op, ConvAlgo algo, const ConvProblem& p);
 
 // Support predicate of the CPU backend: "" when `algo` can run `op` on `p`, else the reason.
 std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p);

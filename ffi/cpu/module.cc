@@ -71,6 +71,17 @@ NB_MODULE(_jaxdnn_cpu, m) {
       "bias_act_workspace_bytes",
       [](long long, long long, long long, int, bool) -> size_t { return 0; },
       "Workspace bytes of jaxdnn_bias_act_bwd on an (outer, K, inner) view (none on the CPU).");
+  m.def(
+      "fft_tiles",
+      [](int op, int algo, nb::dict problem) {
+        int64_t L[3], tiles[3];
+        cpu::fft_tiles(static_cast<ConvOp>(op), problem_from_dict(problem),
+                       static_cast<ConvAlgo>(algo) == ConvAlgo::kFftTiling, L, tiles);
+        return std::make_tuple(std::make_tuple(L[0], L[1], L[2]),
+                               std::make_tuple(tiles[0], tiles[1], tiles[2]));
+      },
+      "((L_D, L_H, L_W), (tiles_D, tiles_H, tiles_W)): the float32 FFT / FFT_TILING kernels' "
+      "transform lengths and tile counts per axis for (op, problem).");
   m.def("ffi_api_version", [] { return std::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   m.attr("built_jaxlib_version") = JAXDNN_BUILT_JAXLIB_VERSION;
   m.def("num_threads", &cpu::num_threads);
