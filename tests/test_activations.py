@@ -127,7 +127,8 @@ def test_kinks_exact():
 
 def _values_and_grads(fns):
   """jit of x -> {case: (f(x), grad of sum f at x)}."""
-  return jax.jit(lambda a: {c: (f(a), jax.grad(lambda b: jnp.sum(f(b)))(a)) for c, f in fns.items()})
+  grad = lambda f: jax.grad(lambda b: jnp.sum(f(b)))
+  return jax.jit(lambda a: {c: (f(a), grad(f)(a)) for c, f in fns.items()})
 
 
 @pytest.mark.parametrize("dtype", (BF16, F16), ids=str)
@@ -222,7 +223,8 @@ def test_second_derivatives_match_jax():
   for case in smooth:
     fns[(case, "ref")] = CASES[case][1]
     for spec in {_spec(case), _spec(case, False)}:
-      fns[(case, "out" if spec.from_output else "in")] = functools.partial(act_prims.activation, spec=spec)
+      variant = "out" if spec.from_output else "in"
+      fns[(case, variant)] = functools.partial(act_prims.activation, spec=spec)
 
   def second(a):
     return {k: (jax.vmap(jax.grad(jax.grad(f)))(a),

@@ -139,8 +139,10 @@ def test_vmap_backward_every_operand_combination(in_axes, op):  # noqa: D103
   y, v = (_operand(rng, (4, 5), 3, ax) for ax in in_axes)
 
   def run(fn):
-    return jax.jit(lambda a, b: [jax.vmap(lambda p, q, axis=axis: fn(p, q, axis), in_axes=in_axes)(a, b)
-                                 for axis in (0, 1)])(y, v)
+    def per_axis(a, b):
+      return [jax.vmap(lambda p, q, axis=axis: fn(p, q, axis), in_axes=in_axes)(a, b)
+              for axis in (0, 1)]
+    return jax.jit(per_axis)(y, v)
 
   ours = run(lambda p, q, axis: sm_prims.softmax_bwd(p, q, axis, op))
   refs = run(lambda p, q, axis: sm_prims._reference_bwd(p, q, axis=axis, op=op))

@@ -1,4 +1,4 @@
-// Bulk conversions between the storage types of float16.h and float32 buffers, for kernels that
+// Bulk conversions between the storage types of f16_storage.h and float32 buffers, for kernels that
 // run their arithmetic on blocks of float32 values. float16 uses the F16C instructions eight at a
 // time when the compiler targets them; bfloat16 is a shift (load) and a rounding select (store),
 // which compilers vectorize.

@@ -10,15 +10,16 @@
 // erfc(-inf) = 2, erfc(+inf) = 0; NaN in, NaN out. Subnormal results of exp are produced; results
 // below the smallest subnormal round to 0.
 //
-// Method (scripts/fit_vec_math.py regenerates the fitted coefficients). exp: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2, n found by the
-// 1.5 * 2^23 rounding trick, so no float-to-int conversion of out-of-range values), e^r by its
-// Taylor polynomial to r^7, and 2^n applied as two factors 2^(n/2) 2^(n - n/2) so that every
-// result from the largest float down to the subnormals is reachable. expm1: the Taylor polynomial
-// to x^8 for |x| < ln2/2, exp(x) - 1 elsewhere. tanh: x P(x^2) / Q(x^2) with P, Q of degree 4, a
-// relative-error least-squares fit (Lawson-reweighted linearized rational fit) on [0, 9.2], x
-// clamped to +-9.2 where tanh rounds to 1. erfc: e^(-x^2) R(1 / (1 + |x|/2)) (reflected for
-// x < 0), R a degree-10 least-squares polynomial fit (Chebyshev-weighted, against mpmath) of
-// erfcx(x) = e^(x^2) erfc(x) on [0, 10]; e^(-x^2) is corrected for the rounding of x^2 with an FMA.
+// Method (scripts/fit_vec_math.py regenerates the fitted coefficients). exp: x = n ln2 + r with
+// |r| <= ln2/2 (Cody-Waite split of ln2, n found by the 1.5 * 2^23 rounding trick, so no
+// float-to-int conversion of out-of-range values), e^r by its Taylor polynomial to r^7, and 2^n
+// applied as two factors 2^(n/2) 2^(n - n/2) so that every result from the largest float down to
+// the subnormals is reachable. expm1: the Taylor polynomial to x^8 for |x| < ln2/2, exp(x) - 1
+// elsewhere. tanh: x P(x^2) / Q(x^2) with P, Q of degree 4, a relative-error least-squares fit
+// (Lawson-reweighted linearized rational fit) on [0, 9.2], x clamped to +-9.2 where tanh rounds
+// to 1. erfc: e^(-x^2) R(1 / (1 + |x|/2)) (reflected for x < 0), R a degree-10 least-squares
+// polynomial fit (Chebyshev-weighted, against mpmath) of erfcx(x) = e^(x^2) erfc(x) on [0, 10];
+// e^(-x^2) is corrected for the rounding of x^2 with an FMA.
 #ifndef JAXDNN_CPU_VEC_MATH_H_
 #define JAXDNN_CPU_VEC_MATH_H_
 

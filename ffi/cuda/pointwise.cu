@@ -197,8 +197,9 @@ template <typename S, Op kOp>
 std::string dispatch_kind(const ActivationCall& c, const void* s, const void* dy, void* out,
                           cudaStream_t stream) {
   switch (c.activation) {
-#define JAXDNN_ACT_CASE(kind) \
-    case Activation::kind: return launch_activation<S, kOp, Activation::kind>(c, s, dy, out, stream);
+#define JAXDNN_ACT_CASE(kind)     \
+    case Activation::kind:          \
+      return launch_activation<S, kOp, Activation::kind>(c, s, dy, out, stream);
     JAXDNN_ACT_CASE(kIdentity)
     JAXDNN_ACT_CASE(kRelu)
     JAXDNN_ACT_CASE(kLeakyRelu)

@@ -98,7 +98,8 @@ JAXDNN_HD T activate(Activation a, T x, T param) {
     case Activation::kTanh: return M::tanh(x);
     case Activation::kGelu: return x * act_detail::normal_cdf<T, M>(x);
     case Activation::kGeluTanh: {
-      const T u = act_detail::k_sqrt_2_over_pi<T>() * (x + act_detail::k_gelu_cubic<T>() * x * x * x);
+      const T k = act_detail::k_gelu_cubic<T>();
+      const T u = act_detail::k_sqrt_2_over_pi<T>() * (x + k * x * x * x);
       return T(0.5) * x * (T(1) + M::tanh(u));
     }
     case Activation::kSilu: return x * act_detail::sigmoid<T, M>(x);

@@ -36,7 +36,8 @@ inline ffi::Error invalid(const char* what, const std::string& msg) {
 template <typename T>
 inline ffi::Error attr(const char* what, const ffi::Dictionary& attrs, const char* name, T* out) {
   auto v = attrs.get<T>(name);
-  if (v.has_error()) return invalid(what, std::string("missing or mistyped attribute '") + name + "'");
+  if (v.has_error())
+    return invalid(what, std::string("missing or mistyped attribute '") + name + "'");
   *out = *v;
   return ffi::Error::Success();
 }
