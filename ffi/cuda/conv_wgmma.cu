@@ -9,6 +9,13 @@
 // warpgroup (128 threads) runs m64nBNk16 wgmmas on the previous stage, accumulating in fp32
 // registers. The epilogue stages the fp32 tile through shared memory for 16-byte stores.
 //
+// Persistent mode (short reductions, e.g. a 1x1 layer with 64 input channels: one K step per
+// tile, so a CTA would load, multiply and store with nothing overlapping): a grid of at most the
+// resident CTAs walks the tiles (tile = blockIdx.x, += gridDim.x) and the cp.async loader runs
+// ST - 1 K steps ahead across tile boundaries, so the next tile's operands are in flight while this tile's
+// epilogue runs. That epilogue stores straight from the accumulator registers (the pipeline
+// buffers are busy); only a CTA's last tile, with the pipeline drained, takes the staged one.
+//
 // Taken when (wgmma_fwd_reason() == ""): forward, bf16/f16 in, out = in or f32, NHWC, unit lhs
 // dilation, Cg % 64 == 0 (a 64-wide K step never straddles two taps), Kg % 8 == 0, at most 256
 // taps, and the device is sm_90. Otherwise conv_gemm_family.cu's mma.sync kernel runs the same
@@ -17,11 +24,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "conv_cuda.h"
 #include "epilogue.cuh"
@@ -43,6 +52,7 @@ using gemm::smem_u32;
 constexpr int kThreads = 128;  // one warpgroup
 constexpr int kBK = 64;        // K per stage: 64 16-bit values = one 128-byte swizzle row
 constexpr int kMaxTaps = 256;
+constexpr int kPersistentMaxSteps = 4;  // K steps per tile up to which the grid is persistent
 
 struct WgParams {
   const unsigned short* x;
@@ -52,7 +62,7 @@ struct WgParams {
   int C, K, Cg, Kg;
   int R, S;
   int str[3], dil[3], pad[3];
-  int M, ntap, Kred, tilesN;
+  int M, ntap, Kred, tilesM, tilesN;
   int out;  // 0: same 16-bit type as the input, 1: float32
   EpiDev epi;  // fused epilogue (bias, residual, activation)
 };
@@ -110,8 +120,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 
   const int tid = threadIdx.x;
   const int g = blockIdx.z;
-  const int m_base = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.tilesN)) * BM;
-  const int n_base = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.tilesN)) * BN;
+  const int tiles = p.tilesM * p.tilesN;
+  const int nk = p.Kred / kBK;
 
   // tap j -> (d, h, w) displacement and its element offset in an image
   for (int j = tid; j < p.ntap; j += kThreads) {
@@ -122,40 +132,47 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   }
 
   // Loader: thread = 16-byte chunk column cc of rows r0, r0 + 16, ...; every row it touches has
-  // the same r % 8, so its swizzled chunk offset is one constant.
+  // the same r % 8, so its swizzled chunk offset is one constant. Its state follows the tile it is
+  // loading (ld_tile, K step ld_kt), which runs ahead of the tile being multiplied.
   const int cc = tid & 7, r0 = tid >> 3;
   const int swz = (cc ^ (r0 & 7)) * 16;
   const long long img = static_cast<long long>(p.D) * p.H * p.W * p.C;
   long long a_off[RA];
   int a_z[RA], a_h[RA], a_w[RA];
-#pragma unroll
-  for (int i = 0; i < RA; ++i) {
-    const int m = m_base + r0 + 16 * i;
-    if (m < p.M) {
-      int t = m;
-      const int q = t % p.Q; t /= p.Q;
-      const int pp = t % p.P; t /= p.P;
-      const int z = t % p.Z;
-      const int n = t / p.Z;
-      a_z[i] = z * p.str[0] - p.pad[0];
-      a_h[i] = pp * p.str[1] - p.pad[1];
-      a_w[i] = q * p.str[2] - p.pad[2];
-      a_off[i] = n * img + ((static_cast<long long>(a_z[i]) * p.H + a_h[i]) * p.W + a_w[i]) * p.C +
-                 static_cast<long long>(g) * p.Cg + cc * 8;
-    } else {
-      a_z[i] = INT_MIN / 2;  // fails every bounds test
-      a_h[i] = a_w[i] = 0;
-      a_off[i] = 0;
-    }
-  }
   long long b_off[RB];
   bool b_ok[RB];
+  auto setup_rows = [&](int tile) {
+    const int m_base = (tile / p.tilesN) * BM, n_base = (tile % p.tilesN) * BN;
 #pragma unroll
-  for (int i = 0; i < RB; ++i) {
-    const int n = n_base + r0 + 16 * i;
-    b_ok[i] = n < p.Kg;
-    b_off[i] = (static_cast<long long>(g) * p.Kg + n) * p.Kred + cc * 8;
-  }
+    for (int i = 0; i < RA; ++i) {
+      const int m = m_base + r0 + 16 * i;
+      if (m < p.M) {
+        int t = m;
+        const int q = t % p.Q; t /= p.Q;
+        const int pp = t % p.P; t /= p.P;
+        const int z = t % p.Z;
+        const int n = t / p.Z;
+        a_z[i] = z * p.str[0] - p.pad[0];
+        a_h[i] = pp * p.str[1] - p.pad[1];
+        a_w[i] = q * p.str[2] - p.pad[2];
+        a_off[i] = n * img +
+                   ((static_cast<long long>(a_z[i]) * p.H + a_h[i]) * p.W + a_w[i]) * p.C +
+                   static_cast<long long>(g) * p.Cg + cc * 8;
+      } else {
+        a_z[i] = INT_MIN / 2;  // fails every bounds test
+        a_h[i] = a_w[i] = 0;
+        a_off[i] = 0;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < RB; ++i) {
+      const int n = n_base + r0 + 16 * i;
+      b_ok[i] = n < p.Kg;
+      b_off[i] = (static_cast<long long>(g) * p.Kg + n) * p.Kred + cc * 8;
+    }
+  };
+  int ld_tile = blockIdx.x, ld_kt = 0;
+  if (ld_tile < tiles) setup_rows(ld_tile);
   __syncthreads();  // tap table
 
   auto load = [&](int kt, int s) {
@@ -175,108 +192,151 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     for (int i = 0; i < RB; ++i)
       cp_async16(Bs + (r0 + 16 * i) * 128 + swz, p.wt + (b_ok[i] ? b_off[i] + k0 : 0), b_ok[i]);
   };
+  // The loader's next K step into stage s (an empty group once every tile is loaded).
+  auto load_next = [&](int s) {
+    if (ld_tile < tiles) {
+      load(ld_kt, s);
+      if (++ld_kt == nk) {
+        ld_kt = 0;
+        ld_tile += gridDim.x;
+        if (ld_tile < tiles) setup_rows(ld_tile);
+      }
+    }
+    cp_async_commit();
+  };
 
   float acc[BM / 64][BN / 2];
 #pragma unroll
-  for (int mb = 0; mb < BM / 64; ++mb)
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
-
-  const int nk = p.Kred / kBK;
-#pragma unroll
-  for (int s = 0; s < ST - 1; ++s) {
-    if (s < nk) load(s, s);
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < nk; ++kt) {
-    cp_async_wait<ST - 2>();
-    // cp.async wrote through the generic proxy; wgmma reads through the async proxy
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();  // stage kt is complete; every thread is past the MMA of stage kt - 1
-    const uint32_t sa = smem_u32(smem + (kt % ST) * Cf::STAGE);
-    const uint32_t sb = sa + Cf::A_BYTES;
-#pragma unroll
-    for (int mb = 0; mb < BM / 64; ++mb) fence_acc(acc[mb]);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      const uint64_t db = sw128_desc(sb + kk * 32);
-#pragma unroll
-      for (int mb = 0; mb < BM / 64; ++mb)
-        wg_mma<F16, BN>(acc[mb], sw128_desc(sa + mb * 64 * 128 + kk * 32), db);
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    // refill the stage the previous MMA read while this one runs
-    const int nx = kt + ST - 1;
-    if (nx < nk) load(nx, nx % ST);
-    cp_async_commit();
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-    for (int mb = 0; mb < BM / 64; ++mb) fence_acc(acc[mb]);
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // the pipeline buffers become the C tile
-
-  // Accumulator layout (per 64-row block): warp w holds rows 16w.., lane l row l/4 (+8) and
-  // columns 8j + 2(l%4) (+1) in acc[j*4 + {0,1}] (row) and acc[j*4 + {2,3}] (row + 8).
-  float* Cs = reinterpret_cast<float*>(smem);
-  constexpr int LDC = Cf::LDC;
+  for (int s = 0; s < ST - 1; ++s) load_next(s);
+  int step = 0;  // K steps multiplied so far by this CTA: the stage ring position
   const int warp = tid >> 5, lane = tid & 31;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int m_base = (tile / p.tilesN) * BM, n_base = (tile % p.tilesN) * BN;
 #pragma unroll
-  for (int mb = 0; mb < BM / 64; ++mb) {
-    const int row = mb * 64 + warp * 16 + (lane >> 2);
+    for (int mb = 0; mb < BM / 64; ++mb)
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = j * 8 + (lane & 3) * 2;
-      *reinterpret_cast<float2*>(Cs + row * LDC + col) = make_float2(acc[mb][j * 4], acc[mb][j * 4 + 1]);
-      *reinterpret_cast<float2*>(Cs + (row + 8) * LDC + col) =
-          make_float2(acc[mb][j * 4 + 2], acc[mb][j * 4 + 3]);
-    }
-  }
-  __syncthreads();
-  constexpr int CPR = BN / 8, RPP = kThreads / CPR;  // 8-column chunks per row, rows per pass
-  const int ec = tid % CPR, er = tid / CPR;
-  const int col = n_base + ec * 8;
-  if (col >= p.Kg) return;
-  const bool full = col + 8 <= p.Kg;
-  for (int r = er; r < BM; r += RPP) {
-    const int m = m_base + r;
-    if (m >= p.M) break;
-    const float* src = Cs + r * LDC + ec * 8;
-    float4 lo = *reinterpret_cast<const float4*>(src);
-    float4 hi = *reinterpret_cast<const float4*>(src + 4);
-    const long long off = static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg + col;
-    if (p.epi.on) {
-      float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-      if (full) {
-        epi_apply_run<8>(p.epi, off, v);
-      } else {
-        for (int q = 0; col + q < p.Kg; ++q) v[q] = epi_apply<float>(p.epi, off + q, v[q]);
+      for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
+    for (int kt = 0; kt < nk; ++kt, ++step) {
+      cp_async_wait<ST - 2>();
+      // cp.async wrote through the generic proxy; wgmma reads through the async proxy
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();  // this stage is complete; every thread is past the previous MMA
+      const uint32_t sa = smem_u32(smem + (step % ST) * Cf::STAGE);
+      const uint32_t sb = sa + Cf::A_BYTES;
+#pragma unroll
+      for (int mb = 0; mb < BM / 64; ++mb) fence_acc(acc[mb]);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const uint64_t db = sw128_desc(sb + kk * 32);
+#pragma unroll
+        for (int mb = 0; mb < BM / 64; ++mb)
+          wg_mma<F16, BN>(acc[mb], sw128_desc(sa + mb * 64 * 128 + kk * 32), db);
       }
-      lo = make_float4(v[0], v[1], v[2], v[3]);
-      hi = make_float4(v[4], v[5], v[6], v[7]);
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      // refill the stage the previous MMA read while this one runs
+      load_next((step + ST - 1) % ST);
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+      for (int mb = 0; mb < BM / 64; ++mb) fence_acc(acc[mb]);
     }
-    if (p.out) {
-      float* d = static_cast<float*>(p.y) + off;
-      if (full) {
-        reinterpret_cast<float4*>(d)[0] = lo;
-        reinterpret_cast<float4*>(d)[1] = hi;
-      } else {
-        const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        for (int q = 0; col + q < p.Kg; ++q) d[q] = v[q];
+
+    // Accumulator layout (per 64-row block): warp w holds rows 16w.., lane l row l/4 (+8) and
+    // columns 8j + 2(l%4) (+1) in acc[j*4 + {0,1}] (row) and acc[j*4 + {2,3}] (row + 8).
+    if (tile + static_cast<int>(gridDim.x) < tiles) {
+      // Not this CTA's last tile: the next tile's loads are in flight in the pipeline buffers,
+      // so the values go out from the registers, two channels (4 or 8 bytes) per store.
+      // Kg % 8 == 0 and even columns keep every pair inside one row and aligned.
+#pragma unroll
+      for (int mb = 0; mb < BM / 64; ++mb) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int m = m_base + mb * 64 + warp * 16 + (lane >> 2) + 8 * half;
+          if (m >= p.M) continue;
+          const long long row = static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = n_base + j * 8 + (lane & 3) * 2;
+            if (col >= p.Kg) break;
+            float v0 = acc[mb][j * 4 + 2 * half], v1 = acc[mb][j * 4 + 2 * half + 1];
+            const long long off = row + col;
+            if (p.epi.on) {
+              v0 = epi_apply<float>(p.epi, off, v0);
+              v1 = epi_apply<float>(p.epi, off + 1, v1);
+            }
+            if (p.out)
+              *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
+            else
+              *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + off) =
+                  pack2(v0, v1, F16);
+          }
+        }
       }
-    } else {
-      uint4 pk;
-      pk.x = pack2(lo.x, lo.y, F16);
-      pk.y = pack2(lo.z, lo.w, F16);
-      pk.z = pack2(hi.x, hi.y, F16);
-      pk.w = pack2(hi.z, hi.w, F16);
-      unsigned short* d = static_cast<unsigned short*>(p.y) + off;
-      if (full) {
-        *reinterpret_cast<uint4*>(d) = pk;
+      continue;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the pipeline buffers become the C tile
+
+    float* Cs = reinterpret_cast<float*>(smem);
+    constexpr int LDC = Cf::LDC;
+#pragma unroll
+    for (int mb = 0; mb < BM / 64; ++mb) {
+      const int row = mb * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = j * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(Cs + row * LDC + col) =
+            make_float2(acc[mb][j * 4], acc[mb][j * 4 + 1]);
+        *reinterpret_cast<float2*>(Cs + (row + 8) * LDC + col) =
+            make_float2(acc[mb][j * 4 + 2], acc[mb][j * 4 + 3]);
+      }
+    }
+    __syncthreads();
+    constexpr int CPR = BN / 8, RPP = kThreads / CPR;  // 8-column chunks per row, rows per pass
+    const int ec = tid % CPR, er = tid / CPR;
+    const int col = n_base + ec * 8;
+    if (col >= p.Kg) return;
+    const bool full = col + 8 <= p.Kg;
+    for (int r = er; r < BM; r += RPP) {
+      const int m = m_base + r;
+      if (m >= p.M) break;
+      const float* src = Cs + r * LDC + ec * 8;
+      float4 lo = *reinterpret_cast<const float4*>(src);
+      float4 hi = *reinterpret_cast<const float4*>(src + 4);
+      const long long off =
+          static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg + col;
+      if (p.epi.on) {
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        if (full) {
+          epi_apply_run<8>(p.epi, off, v);
+        } else {
+          for (int q = 0; col + q < p.Kg; ++q) v[q] = epi_apply<float>(p.epi, off + q, v[q]);
+        }
+        lo = make_float4(v[0], v[1], v[2], v[3]);
+        hi = make_float4(v[4], v[5], v[6], v[7]);
+      }
+      if (p.out) {
+        float* d = static_cast<float*>(p.y) + off;
+        if (full) {
+          reinterpret_cast<float4*>(d)[0] = lo;
+          reinterpret_cast<float4*>(d)[1] = hi;
+        } else {
+          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          for (int q = 0; col + q < p.Kg; ++q) d[q] = v[q];
+        }
       } else {
-        const unsigned short* h = reinterpret_cast<const unsigned short*>(&pk);
-        for (int q = 0; col + q < p.Kg; ++q) d[q] = h[q];
+        uint4 pk;
+        pk.x = pack2(lo.x, lo.y, F16);
+        pk.y = pack2(lo.z, lo.w, F16);
+        pk.z = pack2(hi.x, hi.y, F16);
+        pk.w = pack2(hi.z, hi.w, F16);
+        unsigned short* d = static_cast<unsigned short*>(p.y) + off;
+        if (full) {
+          *reinterpret_cast<uint4*>(d) = pk;
+        } else {
+          const unsigned short* h = reinterpret_cast<const unsigned short*>(&pk);
+          for (int q = 0; col + q < p.Kg; ++q) d[q] = h[q];
+        }
       }
     }
   }
@@ -319,7 +379,7 @@ bool device_is_sm90() {
 }
 
 template <bool F16, int BM, int BN>
-std::string launch(const WgParams& p, int groups, cudaStream_t st) {
+std::string launch(const WgParams& p, int groups, bool persistent, cudaStream_t st) {
   using Cf = WgCfg<BM, BN>;
   auto kern = wgmma_conv_fwd_kernel<F16, BM, BN>;
   static std::atomic<unsigned long long> attr_done{0};
@@ -333,9 +393,18 @@ std::string launch(const WgParams& p, int groups, cudaStream_t st) {
     if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
     attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
-  const long long tiles_m = (p.M + BM - 1) / BM;
-  dim3 grid(static_cast<unsigned>(tiles_m * p.tilesN), 1, static_cast<unsigned>(groups));
-  kern<<<grid, kThreads, Cf::PIPE + p.ntap * 16, st>>>(p);
+  const int smem = Cf::PIPE + p.ntap * 16;
+  long long ctas = static_cast<long long>(p.tilesM) * p.tilesN;
+  if (persistent) {  // at most the CTAs that are resident at once (per group)
+    int per_sm = 0, sms = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kThreads, smem);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return std::string("occupancy query: ") + cudaGetErrorString(e);
+    const long long resident = std::max(1LL, static_cast<long long>(per_sm) * sms / groups);
+    ctas = std::min(ctas, resident);
+  }
+  dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(groups));
+  kern<<<grid, kThreads, smem, st>>>(p);
   e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("wgmma conv kernel launch: ") + cudaGetErrorString(e);
 }
@@ -419,12 +488,26 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
   }
   const bool f16 = c.in == DType::kF16;
   p.tilesN = tile == 2 ? (p.Kg + 63) / 64 : (p.Kg + 127) / 128;
+  p.tilesM = (p.M + (tile == 0 ? 127 : 63)) / (tile == 0 ? 128 : 64);
+  // Persistent tile walk for short reductions (at most kPersistentMaxSteps K steps per tile),
+  // where the epilogue would otherwise dominate unoverlapped; JAXDNN_WGMMA_PERSISTENT=0|1 forces.
+  bool persistent = p.Kred / kBK <= kPersistentMaxSteps;
+  if (const char* f = std::getenv("JAXDNN_WGMMA_PERSISTENT"); f && (f[0] == '0' || f[0] == '1'))
+    persistent = f[0] == '1';
+  auto run = [&](auto f16_tag, auto bm, auto bn) {
+    return launch<decltype(f16_tag)::value, decltype(bm)::value, decltype(bn)::value>(
+        p, G, persistent, io.stream);
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  using I64 = std::integral_constant<int, 64>;
+  using I128 = std::integral_constant<int, 128>;
   if (tile == 0)
-    *err = f16 ? launch<true, 128, 128>(p, G, io.stream) : launch<false, 128, 128>(p, G, io.stream);
+    *err = f16 ? run(T{}, I128{}, I128{}) : run(F{}, I128{}, I128{});
   else if (tile == 1)
-    *err = f16 ? launch<true, 64, 128>(p, G, io.stream) : launch<false, 64, 128>(p, G, io.stream);
+    *err = f16 ? run(T{}, I64{}, I128{}) : run(F{}, I64{}, I128{});
   else
-    *err = f16 ? launch<true, 64, 64>(p, G, io.stream) : launch<false, 64, 64>(p, G, io.stream);
+    *err = f16 ? run(T{}, I64{}, I64{}) : run(F{}, I64{}, I64{});
   return true;
 }
 
