@@ -19,7 +19,6 @@ import argparse
 import csv
 import datetime
 import os
-import statistics
 
 import flax.linen as nn
 import jax
@@ -28,7 +27,7 @@ import numpy as np
 from jax import lax
 
 import jaxdnn
-from jaxdnn.bench import git_commit, time_call
+from jaxdnn.bench import git_commit, time_call, torch_graph_time
 
 # name, input shape, layout, kind, window, strides, padding
 CPU_CASES = [
@@ -145,24 +144,7 @@ def _torch_time(kind, layout, window, strides, padding, shape, dtype, op, k, rep
         torch.ops.aten.avg_pool2d_backward(dy, x, window, strides, pad, False, kind == "avg",
                                            None)
 
-  stream = torch.cuda.Stream()
-  stream.wait_stream(torch.cuda.current_stream())
-  with torch.cuda.stream(stream):
-    for _ in range(3):
-      body()
-  torch.cuda.current_stream().wait_stream(stream)
-  graph = torch.cuda.CUDAGraph()
-  with torch.cuda.graph(graph):
-    body()
-  times = []
-  for _ in range(repeats):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    times.append(start.elapsed_time(end) / k)
-  return statistics.median(times)
+  return torch_graph_time(body, k, repeats)
 
 
 def main():

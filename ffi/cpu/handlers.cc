@@ -187,18 +187,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AvgPoolBackward, pool_handler_impl<PoolOp::kAvgBac
 namespace jaxdnn::cpu {
 namespace {
 
-template <typename Fn>
-ffi::Error guard_pointwise(const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return ffi::Error::Internal(std::string("jaxdnn ") + what + ": unexpected exception: " +
-                                e.what());
-  } catch (...) {
-    return ffi::Error::Internal(std::string("jaxdnn ") + what + ": unexpected exception");
-  }
-}
-
 ffi::Error activation_call(const ffi::AnyBuffer& s, const ffi::AnyBuffer* dy,
                            ffi::Result<ffi::AnyBuffer> out, ffi::Dictionary attrs) {
   ActivationCall c;

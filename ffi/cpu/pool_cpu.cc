@@ -25,84 +25,23 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
+#include "f16_storage.h"
 #include "parallel.h"
 #include "pool_cpu.h"
 
 namespace jaxdnn::cpu {
 namespace {
 
-struct BF16 { uint16_t bits; };
-struct F16 { uint16_t bits; };
+using f16::BF16;
+using f16::F16;
+using f16::load;
+using f16::store;
 
 template <typename S>
-using Acc = std::conditional_t<std::is_same_v<S, double>, double, float>;
+using Acc = f16::Compute<S>;
 
 template <typename A>
 constexpr A kInf = std::numeric_limits<A>::infinity();
-
-inline float load(float v) { return v; }
-inline double load(double v) { return v; }
-
-inline float load(BF16 v) {
-  const uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline float load(F16 v) {
-#if defined(__F16C__)
-  return _cvtsh_ss(v.bits);
-#else
-  // sign | exponent rebias (15 -> 127) | mantissa; subnormals are scaled by 2^-24.
-  const uint32_t sign = static_cast<uint32_t>(v.bits & 0x8000u) << 16;
-  const uint32_t exp = (v.bits >> 10) & 0x1fu, mant = v.bits & 0x3ffu;
-  float f;
-  if (exp == 0) {
-    f = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -f : f;
-  }
-  const uint32_t bits = sign | (exp == 31 ? 0x7f800000u : (exp + 112) << 23) | mant << 13;
-  std::memcpy(&f, &bits, 4);
-  return f;
-#endif
-}
-
-template <typename S> S store(Acc<S> v);
-template <> inline float store<float>(float v) { return v; }
-template <> inline double store<double>(double v) { return v; }
-
-template <> inline BF16 store<BF16>(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, 4);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;  // to nearest even
-  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-  // A select rather than a branch, so that loops of stores vectorize.
-  return BF16{static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
-}
-
-template <> inline F16 store<F16>(float v) {
-#if defined(__F16C__)
-  return F16{static_cast<uint16_t>(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT))};
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &v, 4);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t mag = bits & 0x7fffffffu;
-  if (mag > 0x7f800000u) return F16{static_cast<uint16_t>(sign | 0x7e00u)};
-  if (mag >= 0x477ff000u) return F16{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to inf
-  if (mag < 0x38800000u) {  // f16 subnormal: an integer multiple of 2^-24, rounded to even
-    const float scaled = std::nearbyint(std::ldexp(std::fabs(v), 24));
-    return F16{static_cast<uint16_t>(sign | static_cast<uint16_t>(scaled))};
-  }
-  const uint32_t r = mag + 0xfffu + ((mag >> 13) & 1u);  // round to nearest even
-  return F16{static_cast<uint16_t>(sign | (((r >> 13) - (112u << 10)) & 0xffffu))};
-#endif
-}
 
 // Taps k in [0, window) of a window whose tap 0 sits at input position `start` such that
 // lo <= start + k * dilation < hi, as the half-open range [*k0, *k1).

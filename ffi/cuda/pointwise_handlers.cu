@@ -19,18 +19,6 @@
 namespace jaxdnn::cuda {
 namespace {
 
-template <typename Fn>
-ffi::Error guard_pointwise(const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return ffi::Error::Internal(std::string("jaxdnn ") + what + ": unexpected exception: " +
-                                e.what());
-  } catch (...) {
-    return ffi::Error::Internal(std::string("jaxdnn ") + what + ": unexpected exception");
-  }
-}
-
 ffi::Error activation_call(cudaStream_t stream, const ffi::AnyBuffer& s, const ffi::AnyBuffer* dy,
                            ffi::Result<ffi::AnyBuffer> out, ffi::Dictionary attrs) {
   ActivationCall c;

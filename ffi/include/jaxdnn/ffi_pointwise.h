@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -26,6 +27,20 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxdnn {
+
+// Runs a pointwise handler body; an exception (there should be none) becomes an FFI error
+// naming the operation instead of crossing the C ABI.
+template <typename Fn>
+ffi::Error guard_pointwise(const char* what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxdnn ") + what + ": unexpected exception: " +
+                                e.what());
+  } catch (...) {
+    return ffi::Error::Internal(std::string("jaxdnn ") + what + ": unexpected exception");
+  }
+}
 
 namespace pointwise_internal {
 
