@@ -411,64 +411,57 @@ void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterV
   }
 }
 
+// Dy = AT^T dy_tile AT for tiles t0 + [b, e) into D[xi][t - t0][k] (point stride TB * K), the dy
+// tile zero past the output extent.
 template <typename T, int M>
-void backward_filter(const ConvProblem& p, const T* x, const T* dy, T* dw, void* workspace) {
+void dy_transform(const Pass& ps, const T* dy, int64_t K, int64_t t0, int64_t b, int64_t e,
+                  int64_t TB, T* D) {
   constexpr int A = Wino<M>::A, A2 = A * A;
   static constexpr Mat<A, M> ATt = transposed(Wino<M>::AT);
-  static constexpr Mat<3, A> Gt = transposed(Wino<M>::G);
-  const Pass ps = make_pass(ConvOp::kBackwardFilter, p);
-  const bool nhwc = p.layout == Layout::kNHWC;
-  const int64_t G = p.G, Cg = p.Cg(), Kg = p.Kg(), C = p.C, K = p.K;
-  const int64_t tiles = tiles_of(ps, M);
-  if (tiles == 0) {
-    parallel_for(p.w_elems(), [&](int64_t b, int64_t e) { std::fill(dw + b, dw + e, T(0)); },
-                 int64_t{1} << 14);
-    return;
-  }
-  const int64_t TB = chunk_tiles(tiles, A, C, K, sizeof(T));
-  T* Macc = static_cast<T*>(workspace);  // [A2][G][Cg][Kg]: sum over tiles of V .* Dy
-  T* V = Macc + A2 * G * Cg * Kg;        // [A2][TB][C]
-  T* D = V + A2 * TB * C;                // [A2][TB][K]
   const int64_t th = (ps.P + M - 1) / M, tw = (ps.Q + M - 1) / M;
-  for (int64_t t0 = 0; t0 < tiles; t0 += TB) {
-    const int64_t nt = std::min(TB, tiles - t0);
-    input_transform<T, M>(ps, x, t0, nt, TB, V);
-    // Dy = AT^T dy_tile AT, the dy tile zero past the output extent.
-    parallel_for(nt, [&](int64_t b, int64_t e) {
-      alignas(64) T d[M * M * kCB], v[A2 * kCB];
-      for (int64_t tt = b; tt < e; ++tt) {
-        const int64_t t = t0 + tt, pl = t / (th * tw), ti = t / tw % th, tj = t % tw;
-        const T* base = dy + ps.plane_off(ps.os, pl);
-        const int64_t mh = std::min<int64_t>(M, ps.P - ti * M), mw = std::min<int64_t>(M, ps.Q - tj * M);
-        for (int64_t k0 = 0; k0 < K; k0 += kCB) {
-          const int64_t kb = std::min<int64_t>(kCB, K - k0);
-          for (int i = 0; i < M; ++i)
-            for (int j = 0; j < M; ++j) {
-              T* dst = d + (i * M + j) * kCB;
-              if (i >= mh || j >= mw) {
-                std::fill(dst, dst + kCB, T(0));
-                continue;
-              }
-              load_block(dst, base + (ti * M + i) * ps.os.sp[1] + (tj * M + j) * ps.os.sp[2] +
-                                  k0 * ps.os.c, ps.os.c, kb);
-            }
-          sandwich<T>(ATt, ATt, d, v);
-          for (int xi = 0; xi < A2; ++xi)
-            store_block(D + (xi * TB + tt) * K + k0, v + xi * kCB, 1, kb);
+  alignas(64) T d[M * M * kCB], v[A2 * kCB];
+  for (int64_t tt = b; tt < e; ++tt) {
+    const int64_t t = t0 + tt, pl = t / (th * tw), ti = t / tw % th, tj = t % tw;
+    const T* base = dy + ps.plane_off(ps.os, pl);
+    const int64_t mh = std::min<int64_t>(M, ps.P - ti * M), mw = std::min<int64_t>(M, ps.Q - tj * M);
+    for (int64_t k0 = 0; k0 < K; k0 += kCB) {
+      const int64_t kb = std::min<int64_t>(kCB, K - k0);
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < M; ++j) {
+          T* dst = d + (i * M + j) * kCB;
+          if (i >= mh || j >= mw) {
+            std::fill(dst, dst + kCB, T(0));
+            continue;
+          }
+          load_block(dst, base + (ti * M + i) * ps.os.sp[1] + (tj * M + j) * ps.os.sp[2] +
+                              k0 * ps.os.c, ps.os.c, kb);
         }
-      }
-    }, 4);
-    // Macc[xi][g] (+)= V[xi][:, g]^T * D[xi][:, g]  (reduction over the chunk's tiles).
-    parallel_for(A2 * G, [&](int64_t b, int64_t e) {
-      for (int64_t idx = b; idx < e; ++idx) {
-        const int64_t xi = idx / G, g = idx % G;
-        gemm<T>(true, false, Cg, Kg, nt, T(1), V + xi * TB * C + g * Cg, C,
-                D + xi * TB * K + g * Kg, K, t0 == 0 ? T(0) : T(1),
-                Macc + (xi * G + g) * Cg * Kg, Kg);
-      }
-    }, 1, 1);
+      sandwich<T>(ATt, ATt, d, v);
+      for (int xi = 0; xi < A2; ++xi) store_block(D + (xi * TB + tt) * K + k0, v + xi * kCB, 1, kb);
+    }
   }
-  // dw = G^T Macc G per (group, input channel, block of output channels).
+}
+
+// Macc[xi][g] (+)= V[xi][:, g]^T * D[xi][:, g] over nt tiles (point strides TB * C, TB * K), for
+// the (point, group) pairs idx = xi * G + g in [b, e).
+template <typename T>
+void tile_sum_products(const ConvProblem& p, int64_t nt, int64_t TB, const T* V, const T* D,
+                       bool accumulate, T* Macc, int64_t b, int64_t e) {
+  const int64_t G = p.G, Cg = p.Cg(), Kg = p.Kg(), C = p.C, K = p.K;
+  for (int64_t idx = b; idx < e; ++idx) {
+    const int64_t xi = idx / G, g = idx % G;
+    gemm<T>(true, false, Cg, Kg, nt, T(1), V + xi * TB * C + g * Cg, C, D + xi * TB * K + g * Kg,
+            K, accumulate ? T(1) : T(0), Macc + (xi * G + g) * Cg * Kg, Kg);
+  }
+}
+
+// dw = G^T Macc G per (group, input channel, block of output channels).
+template <typename T, int M>
+void filter_grad_transform(const ConvProblem& p, const T* Macc, T* dw) {
+  constexpr int A = Wino<M>::A, A2 = A * A;
+  static constexpr Mat<3, A> Gt = transposed(Wino<M>::G);
+  const bool nhwc = p.layout == Layout::kNHWC;
+  const int64_t G = p.G, Cg = p.Cg(), Kg = p.Kg(), K = p.K;
   const int64_t kblocks = (Kg + kCB - 1) / kCB;
   parallel_for(G * Cg * kblocks, [&](int64_t b, int64_t e) {
     alignas(64) T m[A2 * kCB], w9[9 * kCB];
@@ -488,6 +481,76 @@ void backward_filter(const ConvProblem& p, const T* x, const T* dy, T* dw, void*
   }, 4);
 }
 
+// Slices of the fused backward-filter: each sums its share of the tile blocks into its own
+// accumulator, and the slices are added in a fixed order, so the result does not depend on the
+// thread count. Chosen from the problem alone (the workspace size depends on it): at most 8, and
+// at most 64 MB of accumulators.
+int64_t fused_wgrad_slices(const ConvProblem& p, int64_t tiles, size_t elem_bytes) {
+  const int64_t blocks = (tiles + kFusedTiles - 1) / kFusedTiles;
+  const int64_t acc_bytes = 16 * p.G * p.Cg() * p.Kg() * static_cast<int64_t>(elem_bytes);
+  const int64_t by_memory = std::max<int64_t>(1, (int64_t{64} << 20) / std::max<int64_t>(acc_bytes, 1));
+  return std::max<int64_t>(1, std::min({blocks, int64_t{8}, by_memory}));
+}
+
+// Backward-filter: dw[c][k] = G^T [sum_tiles V[c] .* Dy[k]] G (header comment).
+// fused == false (WINOGRAD_NONFUSED): chunks of TB tiles, each step parallel over the chunk, one
+// accumulator [A2][G][Cg][Kg]. fused == true (WINOGRAD, F(2x2)): each slice takes blocks of
+// kFusedTiles tiles through both transforms and the per-point products in its own cache-resident
+// buffers (no transformed-tile buffers in the workspace), into its own accumulator.
+template <typename T, int M>
+void backward_filter(const ConvProblem& p, const T* x, const T* dy, T* dw, void* workspace,
+                     bool fused) {
+  constexpr int A = Wino<M>::A, A2 = A * A;
+  const Pass ps = make_pass(ConvOp::kBackwardFilter, p);
+  const int64_t C = p.C, K = p.K;
+  const int64_t tiles = tiles_of(ps, M);
+  if (tiles == 0) {
+    parallel_for(p.w_elems(), [&](int64_t b, int64_t e) { std::fill(dw + b, dw + e, T(0)); },
+                 int64_t{1} << 14);
+    return;
+  }
+  T* Macc = static_cast<T*>(workspace);  // [slices][A2][G][Cg][Kg]: sums over tiles of V .* Dy
+  const int64_t acc = A2 * p.G * p.Cg() * p.Kg();
+  if (fused) {
+    const int64_t FB = kFusedTiles, blocks = (tiles + FB - 1) / FB;
+    const int64_t S = fused_wgrad_slices(p, tiles, sizeof(T));
+    parallel_for(S, [&](int64_t b, int64_t e) {
+      T* Vb = gemm_scratch<T>(2, static_cast<size_t>(A2 * FB * C));
+      T* Db = gemm_scratch<T>(3, static_cast<size_t>(A2 * FB * K));
+      for (int64_t s = b; s < e; ++s) {
+        T* Ms = Macc + s * acc;
+        const int64_t blk0 = s * blocks / S, blk1 = (s + 1) * blocks / S;
+        for (int64_t blk = blk0; blk < blk1; ++blk) {
+          const int64_t t0 = blk * FB, nt = std::min(FB, tiles - t0);
+          input_transform<T, M>(ps, x, t0, nt, FB, Vb);
+          dy_transform<T, M>(ps, dy, K, t0, 0, nt, FB, Db);
+          tile_sum_products<T>(p, nt, FB, Vb, Db, blk > blk0, Ms, 0, A2 * p.G);
+        }
+      }
+    }, 1, 1);
+    // Slice 0 += slices 1..S-1, in slice order.
+    parallel_for(acc, [&](int64_t b, int64_t e) {
+      for (int64_t s = 1; s < S; ++s)
+        for (int64_t i = b; i < e; ++i) Macc[i] += Macc[s * acc + i];
+    }, int64_t{1} << 12);
+    filter_grad_transform<T, M>(p, Macc, dw);
+    return;
+  }
+  const int64_t TB = chunk_tiles(tiles, A, C, K, sizeof(T));
+  T* V = Macc + acc;       // [A2][TB][C]
+  T* D = V + A2 * TB * C;  // [A2][TB][K]
+  for (int64_t t0 = 0; t0 < tiles; t0 += TB) {
+    const int64_t nt = std::min(TB, tiles - t0);
+    input_transform<T, M>(ps, x, t0, nt, TB, V);
+    parallel_for(nt, [&](int64_t b, int64_t e) { dy_transform<T, M>(ps, dy, K, t0, b, e, TB, D); },
+                 4);
+    parallel_for(A2 * p.G, [&](int64_t b, int64_t e) {
+      tile_sum_products<T>(p, nt, TB, V, D, t0 > 0, Macc, b, e);
+    }, 1, 1);
+  }
+  filter_grad_transform<T, M>(p, Macc, dw);
+}
+
 template <typename T, int M>
 void run(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool fused) {
   switch (op) {
@@ -498,7 +561,7 @@ void run(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool fused)
                          op == ConvOp::kForward ? io.epi : nullptr);
       break;
     case ConvOp::kBackwardFilter:
-      backward_filter<T, M>(p, io.a, io.b, io.out, io.workspace);
+      backward_filter<T, M>(p, io.a, io.b, io.out, io.workspace, fused);
       break;
   }
 }
@@ -543,18 +606,21 @@ void winograd_nonfused_conv(ConvOp op, const ConvProblem& p, const ConvOperands<
     run<T, 2>(op, p, io, false);
 }
 
-std::string winograd_fused_unsupported(ConvOp op, const ConvProblem& p) {
-  if (op == ConvOp::kBackwardFilter)
-    return "WINOGRAD has no backward-filter kernel (its sum over tiles is not a per-tile-block "
-           "pass; as in cuDNN, use WINOGRAD_NONFUSED)";
+std::string winograd_fused_unsupported(ConvOp, const ConvProblem& p) {
   return winograd_unsupported(p);
 }
 
 size_t winograd_fused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes) {
   if (!winograd_fused_unsupported(op, p).empty()) return 0;
   const Pass ps = make_pass(op, p);
-  if (tiles_of(ps, 2) == 0) return 0;
-  // The packed filter transform only: [16][G] panels of Cg x round_up(Kg, NR).
+  const int64_t tiles = tiles_of(ps, 2);
+  if (tiles == 0) return 0;
+  // Backward-filter: the slices' accumulators [slices][16][G][Cg][Kg].
+  if (op == ConvOp::kBackwardFilter)
+    return static_cast<size_t>(fused_wgrad_slices(p, tiles, elem_bytes) * 16 * p.G * p.Cg() *
+                               p.Kg()) * elem_bytes;
+  // Forward and backward-data: the packed filter transform only: [16][G] panels of
+  // Cg x round_up(Kg, NR).
   const int64_t nr = elem_bytes == 8 ? GemmShape<double>::NR : GemmShape<float>::NR;
   return static_cast<size_t>(16 * ps.Ci * gemm_round_up(ps.Co / p.G, nr)) * elem_bytes;
 }
