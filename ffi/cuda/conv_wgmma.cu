@@ -64,6 +64,7 @@ struct WgParams {
   int str[3], dil[3], pad[3];
   int M, ntap, Kred, tilesM, tilesN;
   int out;  // 0: same 16-bit type as the input, 1: float32
+  int pipe_bytes;  // shared memory of the pipeline stages (and C tile); the tap table follows
   EpiDev epi;  // fused epilogue (bias, residual, activation)
 };
 
@@ -116,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   constexpr int ST = Cf::ST;
   constexpr int RA = BM / 16, RB = BN / 16;  // tile rows per thread (16 rows per pass)
   extern __shared__ __align__(1024) unsigned char smem[];
-  int4* tbl = reinterpret_cast<int4*>(smem + Cf::PIPE);
+  int4* tbl = reinterpret_cast<int4*>(smem + p.pipe_bytes);
 
   const int tid = threadIdx.x;
   const int g = blockIdx.z;
@@ -379,7 +380,7 @@ bool device_is_sm90() {
 }
 
 template <bool F16, int BM, int BN>
-std::string launch(const WgParams& p, int groups, bool persistent, cudaStream_t st) {
+std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   using Cf = WgCfg<BM, BN>;
   auto kern = wgmma_conv_fwd_kernel<F16, BM, BN>;
   static std::atomic<unsigned long long> attr_done{0};
@@ -393,7 +394,14 @@ std::string launch(const WgParams& p, int groups, bool persistent, cudaStream_t 
     if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
     attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
-  const int smem = Cf::PIPE + p.ntap * 16;
+  // One tile per CTA touches only the first min(K steps, ST) stages, then the C tile: a short
+  // reduction (a 1x1 layer over 64 channels: one step) needs less shared memory, so more CTAs
+  // fit on an SM. The persistent walk cycles through every stage.
+  const int steps = p.Kred / kBK;
+  p.pipe_bytes = persistent ? Cf::PIPE
+                            : std::max(std::min(steps, Cf::ST) * Cf::STAGE, BM * Cf::LDC * 4);
+  p.pipe_bytes = (p.pipe_bytes + 1023) & ~1023;  // stages stay 1024-byte aligned (swizzle)
+  const int smem = p.pipe_bytes + p.ntap * 16;
   long long ctas = static_cast<long long>(p.tilesM) * p.tilesN;
   if (persistent) {  // at most the CTAs that are resident at once (per group)
     int per_sm = 0, sms = 0;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot GPU check + timing of the GEMM-family kernels (target: < 2.5 min on one H200).
 #   bash tests/cuda/gemm_family/run.sh [OUTDIR]      (from the repo root; OUTDIR defaults to /tmp/gemmcheck)
-# 1. builds bin/check against ffi/cuda/conv_gemm_family.cu (build.sh; the two compiles run in parallel)
+# 1. builds bin/check against the GEMM-family and wgmma sources (build.sh; compiles run in parallel)
 # 2. correctness: all 3 algorithms x 3 ops x 7 dtype combos x NHWC/NCHW on check.cu's geometry set
 #    (automatic tile), then the forced 128x128 forward tile (JAXDNN_GEMM_TILE=L, quick set)
 # 3. timing: IMPLICIT_PRECOMP_GEMM bf16 forward on the ResNet-50 layers (ms, TFLOP/s)
