@@ -28,8 +28,8 @@
 // workspace in that type. Channel pads: Cgp = round_up(C/G, 8), Kgp = round_up(K/G, 8) (per pass
 // input / output channels), zeros in the pads, so the GEMM's K loop needs no bounds.
 // Workspace (elements of the compute type Tc; TB = tiles per chunk, TBr = round_up(TB, 8)):
-//   fwd/dgrad NONFUSED: 36 G Cgp Kgp (U) + 36 TBr G (Cgp + Kgp) (V, Mo)
-//   wgrad:              36 S G Cgp Kgp (split partials) + 36 TBr G (Cgp + Kgp) (V, Dy)
+//   fwd/dgrad NONFUSED: a*a G Cgp Kgp (U) + a*a TBr G (Cgp + Kgp) (V, Mo)
+//   wgrad:              a*a S G Cgp Kgp (split partials) + a*a TBr G (Cgp + Kgp) (V, Dy)
 //   fused:              16 G Cgp Kgp (U)
 //   TB = min(tiles, max(256, kChunkBytes / (a*a * G * (Cgp + Kgp) * sizeof(Tc)))), 128 MiB chunks.
 #include <cuda_bf16.h>
@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -461,8 +462,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmArgs p) {
     VecT v;
     T e[V];
   };
-  WINO_SMEM alignas(16) T As[2][BK][BM];
-  WINO_SMEM alignas(16) T Bs[2][BK][BN];
+  alignas(16) WINO_SMEM T As[2][BK][BM];
+  alignas(16) WINO_SMEM T Bs[2][BK][BN];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const i64 blk = blockIdx.x;
   const i64 nb = blk % p.nblocks, mb = blk / p.nblocks % p.mblocks, z = blk / (p.nblocks * p.mblocks);
@@ -558,8 +559,8 @@ __global__ void __launch_bounds__(kThreads)
 fused_kernel(const T* __restrict__ in, const Tc* __restrict__ U, Pass ps, i64 tiles,
              i64 tblocks, i64 kblocks, To* __restrict__ out) {
   constexpr int CB = 32 / sizeof(Tc), A = 4, A2 = 16, KPT = kFusedK / 8;
-  WINO_SMEM alignas(16) Tc Vs[CB][A2][kFusedTiles];
-  WINO_SMEM alignas(16) Tc Us[CB][A2][kFusedK];
+  alignas(16) WINO_SMEM Tc Vs[CB][A2][kFusedTiles];
+  alignas(16) WINO_SMEM Tc Us[CB][A2][kFusedK];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const i64 blk = blockIdx.x;
   const i64 tb = blk % tblocks, kb = blk / tblocks % kblocks, g = blk / (tblocks * kblocks);
@@ -657,17 +658,22 @@ i64 blocks_for(i64 threads) { return ceil_div(threads, kThreads); }
 
 size_t tc_bytes(DType in) { return in == DType::kF64 ? 8 : 4; }
 
-// Tiles per chunk of a NONFUSED pass (see the header comment).
+// Tiles per chunk of a NONFUSED pass (see the header comment). JAXDNN_WINO_CHUNK_TILES=n forces
+// n (a test hook: the checker runs the multi-chunk paths on small problems).
 i64 chunk_tiles(const Pass& ps, int a, size_t tc) {
+  static const i64 forced = [] {
+    const char* v = std::getenv("JAXDNN_WINO_CHUNK_TILES");
+    return v != nullptr ? std::max<i64>(0, std::atoll(v)) : i64{0};
+  }();
   const i64 per_tile = i64{a} * a * ps.G * (ps.Cgp + ps.Kgp) * static_cast<i64>(tc);
-  const i64 tb = std::max<i64>(256, kChunkBytes / std::max<i64>(per_tile, 1));
+  const i64 tb = forced > 0 ? forced : std::max<i64>(256, kChunkBytes / std::max<i64>(per_tile, 1));
   return std::max<i64>(1, std::min(tiles_of(ps), tb));
 }
 
 // Split count of the backward-filter GEMM and rows (tiles) per split of a chunk of TB tiles.
-i64 wgrad_splits(const Pass& ps, i64 TB, size_t tc) {
+i64 wgrad_splits(const Pass& ps, int a, i64 TB, size_t tc) {
   const i64 bm = 32 * static_cast<i64>(16 / tc);
-  const i64 ctas = ceil_div(ps.Cgp, bm) * ceil_div(ps.Kgp, bm) * 36 * ps.G;
+  const i64 ctas = ceil_div(ps.Cgp, bm) * ceil_div(ps.Kgp, bm) * a * a * ps.G;
   i64 s = std::min(kMaxSplits, ceil_div(kWgradTargetCtas, ctas));
   s = std::min(s, std::max<i64>(1, round_up(TB, kPad) / 128));  // at least ~128 tiles per split
   return std::max<i64>(1, s);
@@ -688,12 +694,12 @@ std::string unsupported(const ConvProblem& p) {
 }
 
 template <typename Tc>
-void gemm_launch(const GemmArgs& a0, bool a_kmajor, cudaStream_t st) {
+void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st) {
   constexpr i64 bm = 32 * (16 / sizeof(Tc));
   GemmArgs a = a0;
   a.mblocks = ceil_div(a.M, bm);
   a.nblocks = ceil_div(a.N, bm);
-  const i64 grid = a.mblocks * a.nblocks * 36 * a.G * a.S;
+  const i64 grid = a.mblocks * a.nblocks * points * a.G * a.S;
   if (a_kmajor) gemm_kernel<Tc, true><<<grid, kThreads, 0, st>>>(a);
   else gemm_kernel<Tc, false><<<grid, kThreads, 0, st>>>(a);
 }
@@ -739,7 +745,7 @@ std::string nonfused_pass(const CudaConvCall& c, const CudaConvBuffers& io) {
         static_cast<const T*>(io.a), ps, t0, nt, nt, TBr, V);
     if (std::string e = launch_error("input transform"); !e.empty()) return e;
     ga.M = nt;
-    gemm_launch<Tc>(ga, false, st);
+    gemm_launch<Tc>(ga, A2, false, st);
     if (std::string e = launch_error("batched GEMM"); !e.empty()) return e;
     output_transform_kernel<To, Tc, M><<<blocks_for(nt * cop), kThreads, 0, st>>>(
         Mo, ps, t0, nt, TBr, static_cast<To*>(io.out));
@@ -761,7 +767,7 @@ std::string nonfused_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
     return "";
   }
   const i64 TB = chunk_tiles(ps, A, sizeof(Tc)), TBr = round_up(TB, kPad);
-  const i64 S = wgrad_splits(ps, TB, sizeof(Tc));
+  const i64 S = wgrad_splits(ps, A, TB, sizeof(Tc));
   const i64 cip = ps.G * ps.Cgp, cop = ps.G * ps.Kgp;
   Tc* Pp = static_cast<Tc*>(io.workspace);  // [S][A2][G][Cgp][Kgp]
   Tc* V = Pp + S * A2 * ps.G * ps.Cgp * ps.Kgp;
@@ -787,7 +793,7 @@ std::string nonfused_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
     ga.k_split = round_up(ceil_div(ntr, S), kPad);
     ga.a_s = ga.k_split * cip, ga.b_s = ga.k_split * cop;
     ga.accumulate = t0 > 0;
-    gemm_launch<Tc>(ga, true, st);
+    gemm_launch<Tc>(ga, A2, true, st);
     if (std::string e = launch_error("batched GEMM"); !e.empty()) return e;
   }
   filter_grad_kernel<To, Tc, M><<<blocks_for(ps.G * ps.Cig * ps.Cog), kThreads, 0, st>>>(
@@ -831,7 +837,7 @@ std::string winograd_can_implement(const CudaConvCall& c) {
   if (c.algo == ConvAlgo::kWinograd && c.op == ConvOp::kBackwardFilter)
     return "WINOGRAD has no backward-filter kernel (its sum over tiles is not a per-tile-block "
            "pass; as in cuDNN, use WINOGRAD_NONFUSED)";
-  // Launch geometry: the batched GEMM's grid is 36 * G * splits * tile blocks (1-D, < 2^31).
+  // Launch geometry: the batched GEMM's grid is a*a * G * splits * tile blocks (1-D, < 2^31).
   if (p.G > 50000) return "Winograd kernels support at most 50000 groups";
   return "";
 }
@@ -849,7 +855,7 @@ size_t winograd_workspace_bytes(const CudaConvCall& c) {
   const Pass ps = make_pass(c.op, p, m);
   if (tiles_of(ps) == 0 || ps.P == 0 || ps.Q == 0) return 0;
   const i64 TB = chunk_tiles(ps, a, tc), TBr = round_up(TB, kPad);
-  const i64 S = c.op == ConvOp::kBackwardFilter ? wgrad_splits(ps, TB, tc) : 1;
+  const i64 S = c.op == ConvOp::kBackwardFilter ? wgrad_splits(ps, a, TB, tc) : 1;
   const i64 elems = i64{a} * a * ps.G * (S * ps.Cgp * ps.Kgp + TBr * (ps.Cgp + ps.Kgp));
   return static_cast<size_t>(elems) * tc;
 }
