@@ -4,7 +4,8 @@
 // Usage: check [quick|full|none] [bench]   (none: timings only)
 // Each line: ok/FAIL, case, family, op, dtypes, tile, rel = ||out - ref|| / ||ref|| against the
 // stated bound, and max = max |out - ref| / max |ref|. Exits nonzero on any failure.
-// Built with nvcc by run.sh, or with g++ against tests/cuda/winograd/emu (emulate.sh).
+// Built with nvcc by run.sh, or with g++ against tests/cuda/winograd/emu (emulate.sh); it links
+// conv_winograd.cu alone and calls the family's entry points.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -22,6 +23,20 @@
 
 using namespace jaxdnn;
 using namespace jaxdnn::cuda;
+
+// The family's own entry points (not conv_cuda.cu's dispatch, so that this check links only
+// conv_winograd.cu); the checks the dispatch adds (validate_problem, dtype pairs) hold for every
+// call made here.
+std::string wino_can_implement(const CudaConvCall& c) {
+  if (std::string v = validate_problem(c.problem); !v.empty()) return v;
+  return winograd_can_implement(c);
+}
+size_t wino_workspace_bytes(const CudaConvCall& c) { return winograd_workspace_bytes(c); }
+std::string wino_run(const CudaConvCall& c, const CudaConvBuffers& io) {
+  if (std::string why = wino_can_implement(c); !why.empty()) return why;
+  if (io.workspace_size < wino_workspace_bytes(c)) return "workspace too small";
+  return winograd_run(c, io);
+}
 
 #define CK(x)                                                                     \
   do {                                                                            \
@@ -175,7 +190,7 @@ double bound(DType out) {
 // Runs one call into a fresh (garbage-filled) output; returns the host copy, or empty on error.
 std::vector<char> run_one(const CudaConvCall& call, const void* a, const void* b, size_t nout,
                           std::string* err) {
-  const size_t ws = workspace_bytes(call);
+  const size_t ws = wino_workspace_bytes(call);
   const size_t ob = std::max<size_t>(nout * dtype_bytes(call.out), 16);
   void* o = nullptr;
   CK(cudaMalloc(&o, ob));
@@ -186,7 +201,7 @@ std::vector<char> run_one(const CudaConvCall& call, const void* a, const void* b
     CK(cudaMemset(wsp, 0x7f, ws));  // the kernels must not read workspace they did not write
   }
   CudaConvBuffers io{a, b, o, wsp, ws, 0};
-  *err = run_conv(call, io);
+  *err = wino_run(call, io);
   CK(cudaDeviceSynchronize());
   std::vector<char> hb(nout * dtype_bytes(call.out));
   if (err->empty() && nout) CK(cudaMemcpy(hb.data(), o, hb.size(), cudaMemcpyDeviceToHost));
@@ -216,7 +231,7 @@ void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
     const char* an = algo == ConvAlgo::kWinograd ? "FUSED" : "NONFUSED";
     for (int op = 0; op < 3; ++op) {
       const CudaConvCall call{(ConvOp)op, algo, p, in, out, MathPrecision::kHighest};
-      const std::string why = can_implement(call);
+      const std::string why = wino_can_implement(call);
       if (algo == ConvAlgo::kWinograd && op == 2) {
         if (why.find("backward-filter") == std::string::npos) {
           printf("FAIL %-26s FUSED wgrad not refused: '%s'\n", cs.name, why.c_str());
@@ -255,7 +270,7 @@ void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
       if (!ok || getenv("VERBOSE"))
         printf("%s %-26s %-8s %-5s %s->%s F(%dx%d) ws=%zu rel=%.3g (bound %.0e) max=%.3g\n",
                ok ? "ok  " : "FAIL", cs.name, an, opname[op], dname(in), dname(out),
-               tile_of(p, op, algo), tile_of(p, op, algo), workspace_bytes(call), rel, bound(out),
+               tile_of(p, op, algo), tile_of(p, op, algo), wino_workspace_bytes(call), rel, bound(out),
                mx);
     }
   }
@@ -321,7 +336,7 @@ void check_refusals() {
   for (auto& r : rs) {
     const CudaConvCall call{(ConvOp)r.op, r.algo, make(r.c), DType::kF32, DType::kF32,
                             MathPrecision::kHighest};
-    const std::string why = can_implement(call);
+    const std::string why = wino_can_implement(call);
     const bool ok = why.find(r.needle) != std::string::npos;
     printf("%s refuse %-12s '%s'\n", ok ? "ok  " : "FAIL", r.what, why.c_str());
     if (!ok) g_fail++;
@@ -329,7 +344,7 @@ void check_refusals() {
   // Strides and dilations (set directly: make() builds stride-1 problems).
   ConvProblem p = make({"", H, 2, 1, 4, 4, 1, {9, 9}, {3, 3}, {1, 1}, {1, 1}});
   p.stride[2] = 2, p.out[2] = conv_output_size(9, 3, 2, 1, 1, 1, 1);
-  std::string why = can_implement({ConvOp::kForward, ConvAlgo::kWinogradNonfused, p, DType::kF32,
+  std::string why = wino_can_implement({ConvOp::kForward, ConvAlgo::kWinogradNonfused, p, DType::kF32,
                                    DType::kF32, MathPrecision::kHighest});
   printf("%s refuse stride2      '%s'\n", why.find("strides") != std::string::npos ? "ok  " : "FAIL",
          why.c_str());
@@ -337,7 +352,7 @@ void check_refusals() {
   p = make({"", H, 2, 1, 4, 4, 1, {9, 9}, {3, 3}, {2, 2}, {2, 2}});
   p.dilation[1] = p.dilation[2] = 2;
   for (int i = 1; i < 3; ++i) p.out[i] = conv_output_size(9, 3, 1, 2, 1, 2, 2);
-  why = can_implement({ConvOp::kBackwardData, ConvAlgo::kWinograd, p, DType::kBF16, DType::kBF16,
+  why = wino_can_implement({ConvOp::kBackwardData, ConvAlgo::kWinograd, p, DType::kBF16, DType::kBF16,
                        MathPrecision::kDefault});
   printf("%s refuse dilation2    '%s'\n",
          why.find("rhs_dilation") != std::string::npos ? "ok  " : "FAIL", why.c_str());
@@ -361,7 +376,7 @@ void check_repeatable() {
   const auto b = run_one(call, dx_, ddy, p.w_elems(), &e2);
   const bool ok = e1.empty() && e2.empty() && a == b;
   printf("%s wgrad bitwise repeatable (ws %zu bytes) %s%s\n", ok ? "ok  " : "FAIL",
-         workspace_bytes(call), e1.c_str(), e2.c_str());
+         wino_workspace_bytes(call), e1.c_str(), e2.c_str());
   if (!ok) g_fail++;
   CK(cudaFree(dx_));
   CK(cudaFree(ddy));
@@ -400,14 +415,14 @@ void bench(const Layer& L, DType T, Layout layout, ConvAlgo algo, FILE* csv) {
   const double flops = 2.0 * p.macs();
   for (int op = 0; op < 3; ++op) {
     const CudaConvCall call{(ConvOp)op, algo, p, T, T, MathPrecision::kHighest};
-    if (!can_implement(call).empty()) continue;
-    const size_t ws = workspace_bytes(call);
+    if (!wino_can_implement(call).empty()) continue;
+    const size_t ws = wino_workspace_bytes(call);
     void* wsp = nullptr;
     if (ws) CK(cudaMalloc(&wsp, ws));
     auto launch = [&](int i) {
       const int b = i % NB;
       CudaConvBuffers io{op == 1 ? DY[b] : X[b], op == 2 ? DY[b] : W[b], O[b], wsp, ws, s};
-      const std::string e = run_conv(call, io);
+      const std::string e = wino_run(call, io);
       if (!e.empty()) {
         printf("bench error: %s\n", e.c_str());
         exit(1);
@@ -438,13 +453,17 @@ void bench(const Layer& L, DType T, Layout layout, ConvAlgo algo, FILE* csv) {
     if (wsp) CK(cudaFree(wsp));
   }
   for (int i = 0; i < NB; ++i) {
-    CK(cudaFree(X[i])), CK(cudaFree(W[i])), CK(cudaFree(DY[i])), CK(cudaFree(O[i]));
+    CK(cudaFree(X[i]));
+    CK(cudaFree(W[i]));
+    CK(cudaFree(DY[i]));
+    CK(cudaFree(O[i]));
   }
   CK(cudaStreamDestroy(s));
 }
 #endif
 
 int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // progress visible in logs, even when killed
   const bool quick = argc > 1 && !strcmp(argv[1], "quick");
   const bool none = argc > 1 && !strcmp(argv[1], "none");
   const bool do_bench = argc > 2 && !strcmp(argv[2], "bench");

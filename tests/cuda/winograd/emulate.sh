@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Host emulation of the CUDA Winograd kernels, for machines without a GPU:
 #   bash tests/cuda/winograd/emulate.sh [quick|full]
-# Rewrites ffi/cuda/conv_winograd.cu's launches into emu::launch calls, compiles it, the
-# dispatch (conv_cuda.cu, with stubs for the other families) and check.cu with g++ against the
-# emulated runtime in emu/ (AddressSanitizer, UBSan), and runs the checker. What it cannot see:
+# Rewrites ffi/cuda/conv_winograd.cu's launches into emu::launch calls, compiles it and check.cu
+# with g++ against the emulated runtime in emu/ (AddressSanitizer, UBSan), and runs the checker. What it cannot see:
 # nvcc compile errors, real concurrency between warps, device rounding (FMA contraction), speed.
 # WINO_DTYPES (e.g. f64,f32) and WINO_CASE narrow the run; JAXDNN_WINO_CHUNK_TILES forces chunks.
 set -euo pipefail
@@ -18,23 +17,11 @@ src, n = re.subn(r"(\w+_kernel<[^<>]*>)<<<(.*?)>>>\(",
 assert n >= 8, n
 open(sys.argv[2], "w").write(src)
 PY
-cat > "$D/stubs.cc" <<'CC'
-#include "conv_cuda.h"
-namespace jaxdnn::cuda {
-std::string direct_can_implement(const CudaConvCall&) { return "stub"; }
-size_t direct_workspace_bytes(const CudaConvCall&) { return 0; }
-std::string direct_run(const CudaConvCall&, const CudaConvBuffers&) { return "stub"; }
-std::string gemm_family_can_implement(const CudaConvCall&) { return "stub"; }
-size_t gemm_family_workspace_bytes(const CudaConvCall&) { return 0; }
-std::string gemm_family_run(const CudaConvCall&, const CudaConvBuffers&) { return "stub"; }
-}
-CC
 F="-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
    -ffp-contract=off -DJAXDNN_WINO_EMULATION -I tests/cuda/winograd/emu -I ffi/include -I ffi/cuda"
 g++ $F -c "$D/wino_emu.cc" -o "$D/wino.o" &
 g++ $F -x c++ -c tests/cuda/winograd/check.cu -o "$D/check.o" &
-wait %1 && wait %2
-g++ $F -x c++ -c ffi/cuda/conv_cuda.cu -o "$D/dispatch.o"
-g++ $F -c "$D/stubs.cc" -o "$D/stubs.o"
-g++ $F "$D/wino.o" "$D/check.o" "$D/dispatch.o" "$D/stubs.o" -o "$D/check" -pthread
+wait %1
+wait %2
+g++ $F "$D/wino.o" "$D/check.o" -o "$D/check" -pthread
 "$D/check" "${1:-quick}"
