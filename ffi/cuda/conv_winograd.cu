@@ -59,9 +59,10 @@ constexpr i64 kChunkBytes = i64{128} << 20;
 constexpr int kThreads = 256;  // every kernel here
 constexpr int kPad = 8;        // channel pad (the GEMM's BK)
 constexpr i64 kMaxSplits = 16;
-// CTAs the backward-filter GEMM aims for (about 2 waves of an H200); a constant, not a device
-// query, so that the workspace size and the summation order do not depend on the device.
-constexpr i64 kWgradTargetCtas = 264;
+// CTAs the backward-filter GEMM aims for (about 4 waves of an H200 at 2 CTAs per SM, so the
+// last partial wave costs little); a constant, not a device query, so that the workspace size
+// and the summation order do not depend on the device.
+constexpr i64 kWgradTargetCtas = 1056;
 
 i64 round_up(i64 a, i64 b) { return (a + b - 1) / b * b; }
 i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
@@ -256,8 +257,25 @@ FilterView filter_view(const ConvProblem& p, bool flip_swap) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Transform kernels: one thread per (tile or filter slice, channel); channels fastest, so NHWC
-// loads and all workspace accesses are coalesced.
+// Transform kernels: one thread per (tile or filter slice, channel).
+// Thread -> (tile tt < ntiles, workspace column col < cols). Channels-last activations: columns
+// fastest, so activation loads and workspace accesses are coalesced along channels. Channels-
+// first: a warp takes 32 consecutive tiles of one channel (its pixel rows are contiguous) and
+// the next warps the next channels, so each 32-byte workspace sector is completed by 8 warps
+// running together.
+__device__ __forceinline__ bool thread_tile(i64 idx, i64 ntiles, i64 cols, bool tiles_fast,
+                                            i64& tt, i64& col) {
+  if (!tiles_fast) {
+    col = idx % cols, tt = idx / cols;
+  } else {
+    const i64 rest = idx / 32;
+    col = rest % cols, tt = rest / cols * 32 + idx % 32;
+  }
+  return tt < ntiles;
+}
+i64 transform_threads(i64 ntiles, i64 cols, bool tiles_fast) {
+  return (tiles_fast ? round_up(ntiles, 32) : ntiles) * cols;
+}
 
 // U[xi][g][c][k] (Cgp x Kgp per (xi, g)), zeros in the pads.
 template <typename T, typename Tc, int M>
@@ -292,9 +310,10 @@ input_transform_kernel(const T* __restrict__ in, Pass ps, i64 t0, i64 nt, i64 nt
                        Tc* __restrict__ V) {
   constexpr int A = Tr<M>::A;
   const i64 cip = ps.G * ps.Cgp;
-  const i64 idx = blockIdx.x * i64{kThreads} + threadIdx.x;
-  if (idx >= ntr * cip) return;
-  const i64 col = idx % cip, tt = idx / cip, g = col / ps.Cgp, c = col % ps.Cgp;
+  i64 tt, col;
+  if (!thread_tile(blockIdx.x * i64{kThreads} + threadIdx.x, ntr, cip, ps.is.c != 1, tt, col))
+    return;
+  const i64 g = col / ps.Cgp, c = col % ps.Cgp;
   Tc d[A][A] = {};
   if (tt < nt && c < ps.Cig) {
     const i64 t = t0 + tt, pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
@@ -327,9 +346,10 @@ dy_transform_kernel(const T* __restrict__ dy, Pass ps, i64 t0, i64 nt, i64 ntr, 
                     Tc* __restrict__ D) {
   constexpr int A = Tr<M>::A;
   const i64 cop = ps.G * ps.Kgp;
-  const i64 idx = blockIdx.x * i64{kThreads} + threadIdx.x;
-  if (idx >= ntr * cop) return;
-  const i64 col = idx % cop, tt = idx / cop, g = col / ps.Kgp, k = col % ps.Kgp;
+  i64 tt, col;
+  if (!thread_tile(blockIdx.x * i64{kThreads} + threadIdx.x, ntr, cop, ps.os.c != 1, tt, col))
+    return;
+  const i64 g = col / ps.Kgp, k = col % ps.Kgp;
   Tc y[M][M] = {};
   if (tt < nt && k < ps.Cog) {
     const i64 t = t0 + tt, pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
@@ -361,9 +381,10 @@ output_transform_kernel(const Tc* __restrict__ Mo, Pass ps, i64 t0, i64 nt, i64 
                         T* __restrict__ out) {
   constexpr int A = Tr<M>::A;
   const i64 cop = ps.G * ps.Kgp;
-  const i64 idx = blockIdx.x * i64{kThreads} + threadIdx.x;
-  if (idx >= nt * cop) return;
-  const i64 col = idx % cop, tt = idx / cop, g = col / ps.Kgp, k = col % ps.Kgp;
+  i64 tt, col;
+  if (!thread_tile(blockIdx.x * i64{kThreads} + threadIdx.x, nt, cop, ps.os.c != 1, tt, col))
+    return;
+  const i64 g = col / ps.Kgp, k = col % ps.Kgp;
   if (k >= ps.Cog) return;
   Tc m[A][A];
   const Tc* src = Mo + tt * cop + col;
@@ -741,13 +762,15 @@ std::string nonfused_pass(const CudaConvCall& c, const CudaConvBuffers& io) {
   ga.c_xi = TBr * cop, ga.c_g = ps.Kgp;
   for (i64 t0 = 0; t0 < tiles; t0 += TB) {
     const i64 nt = std::min(TB, tiles - t0);
-    input_transform_kernel<T, Tc, M><<<blocks_for(nt * cip), kThreads, 0, st>>>(
+    const i64 in_threads = transform_threads(nt, cip, ps.is.c != 1);
+    input_transform_kernel<T, Tc, M><<<blocks_for(in_threads), kThreads, 0, st>>>(
         static_cast<const T*>(io.a), ps, t0, nt, nt, TBr, V);
     if (std::string e = launch_error("input transform"); !e.empty()) return e;
     ga.M = nt;
     gemm_launch<Tc>(ga, A2, false, st);
     if (std::string e = launch_error("batched GEMM"); !e.empty()) return e;
-    output_transform_kernel<To, Tc, M><<<blocks_for(nt * cop), kThreads, 0, st>>>(
+    const i64 out_threads = transform_threads(nt, cop, ps.os.c != 1);
+    output_transform_kernel<To, Tc, M><<<blocks_for(out_threads), kThreads, 0, st>>>(
         Mo, ps, t0, nt, TBr, static_cast<To*>(io.out));
     if (std::string e = launch_error("output transform"); !e.empty()) return e;
   }
@@ -782,10 +805,12 @@ std::string nonfused_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
   ga.c_xi = ps.G * ps.Cgp * ps.Kgp, ga.c_g = ps.Cgp * ps.Kgp, ga.c_s = A2 * ga.c_xi;
   for (i64 t0 = 0; t0 < tiles; t0 += TB) {
     const i64 nt = std::min(TB, tiles - t0), ntr = round_up(nt, kPad);
-    input_transform_kernel<T, Tc, M><<<blocks_for(ntr * cip), kThreads, 0, st>>>(
+    const i64 in_threads = transform_threads(ntr, cip, ps.is.c != 1);
+    input_transform_kernel<T, Tc, M><<<blocks_for(in_threads), kThreads, 0, st>>>(
         static_cast<const T*>(io.a), ps, t0, nt, ntr, TBr, V);
     if (std::string e = launch_error("input transform"); !e.empty()) return e;
-    dy_transform_kernel<T, Tc, M><<<blocks_for(ntr * cop), kThreads, 0, st>>>(
+    const i64 dy_threads = transform_threads(ntr, cop, ps.os.c != 1);
+    dy_transform_kernel<T, Tc, M><<<blocks_for(dy_threads), kThreads, 0, st>>>(
         static_cast<const T*>(io.b), ps, t0, nt, ntr, TBr, D);
     if (std::string e = launch_error("dy transform"); !e.empty()) return e;
     // Each split's partial accumulates over the chunks (first chunk overwrites).
