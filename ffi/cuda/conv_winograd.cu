@@ -451,7 +451,8 @@ filter_grad_kernel(const Tc* __restrict__ Pp, i64 S, i64 G, i64 Cg, i64 Kg, i64 
 // Tile: BM = BN = 32 V (128 for fp32, 64 for fp64; V = 16-byte vector width), BK = 8, 256
 // threads, each a 2V x 2V register block (8x8 fp32) split into 2 x 2 sub-blocks BM/2 apart (so
 // a warp's shared-memory vector reads hit distinct banks); A and B double-buffered in shared
-// memory with the next stage's global loads held in registers while this one computes.
+// memory with the next stage's global loads held in registers while this one computes. When
+// N <= BN / 2 a narrow variant takes BN / 2 columns (2V x V per thread).
 struct GemmArgs {
   const void* A;
   const void* B;
@@ -475,9 +476,12 @@ struct Vec16<double> {
   using type = double2;
 };
 
-template <typename T, bool A_KMAJOR>
-__global__ void __launch_bounds__(kThreads) gemm_kernel(GemmArgs p) {
-  constexpr int V = 16 / sizeof(T), BM = 32 * V, BN = 32 * V, BK = 8, TM = 2 * V;
+template <typename T, bool A_KMAJOR, bool WIDE>
+__global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 CTAs per SM
+  // WIDE: BN = BM, 2V x 2V per thread; narrow (N <= 16 V, e.g. 64 fp32 channels): BN = BM / 2,
+  // 2V x V per thread, so that no half of the tile multiplies padding.
+  constexpr int V = 16 / sizeof(T), BM = 32 * V, BN = WIDE ? 32 * V : 16 * V, BK = 8;
+  constexpr int TM = 2 * V, TN = WIDE ? 2 * V : V, kBVecs = BK * BN / V;
   using VecT = typename Vec16<T>::type;
   union Pack {
     VecT v;
@@ -493,22 +497,23 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmArgs p) {
   const T* B = static_cast<const T*>(p.B) + xi * p.b_xi + g * p.b_g + s * p.b_s;
   T* C = static_cast<T*>(p.C) + xi * p.c_xi + g * p.c_g + s * p.c_s;
   const i64 m0 = mb * BM, n0 = nb * BN;
-  const i64 kn = std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split));
-  const i64 nk = kn / BK;
+  const int nk = static_cast<int>(std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split)) / BK);
 
   // Global load assignment: one 16-byte vector of A and one of B per thread per stage.
   constexpr int kAVecsPerRow = BK / V;
   const int a_m = A_KMAJOR ? (tid % 32) * V : tid / kAVecsPerRow;
   const int a_k = A_KMAJOR ? tid / 32 : (tid % kAVecsPerRow) * V;
-  const int b_k = tid / 32, b_n = (tid % 32) * V;
-  const bool a_ok = m0 + a_m < p.M, b_ok = n0 + b_n < p.N;
+  const int b_k = tid / (BN / V), b_n = (tid % (BN / V)) * V;
+  const bool b_loader = tid < kBVecs;  // narrow: half the threads load B
+  const bool a_ok = m0 + a_m < p.M, b_ok = b_loader && n0 + b_n < p.N;
   const T* a_src = A_KMAJOR ? A + a_k * p.lda + m0 + a_m : A + (m0 + a_m) * p.lda + a_k;
   const T* b_src = B + b_k * p.ldb + n0 + b_n;
   const i64 a_step = A_KMAJOR ? BK * p.lda : BK, b_step = BK * p.ldb;
   Pack ra, rb;
-  auto load_global = [&](i64 kt) {
-    ra.v = a_ok ? *reinterpret_cast<const VecT*>(a_src + kt * a_step) : VecT{};
-    rb.v = b_ok ? *reinterpret_cast<const VecT*>(b_src + kt * b_step) : VecT{};
+  auto load_global = [&]() {  // the next BK slice; advances the sources
+    ra.v = a_ok ? *reinterpret_cast<const VecT*>(a_src) : VecT{};
+    rb.v = b_ok ? *reinterpret_cast<const VecT*>(b_src) : VecT{};
+    a_src += a_step, b_src += b_step;
   };
   auto store_shared = [&](int buf) {
     if constexpr (A_KMAJOR) {
@@ -517,33 +522,35 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmArgs p) {
 #pragma unroll
       for (int j = 0; j < V; ++j) As[buf][a_k + j][a_m] = ra.e[j];
     }
-    *reinterpret_cast<VecT*>(&Bs[buf][b_k][b_n]) = rb.v;
+    if (b_loader) *reinterpret_cast<VecT*>(&Bs[buf][b_k][b_n]) = rb.v;
   };
 
-  T acc[TM][TM] = {};
+  T acc[TM][TN] = {};
   if (nk > 0) {
-    load_global(0);
+    load_global();
     store_shared(0);
   }
   __syncthreads();
-  for (i64 kt = 0; kt < nk; ++kt) {
+  for (int kt = 0; kt < nk; ++kt) {
     const int buf = kt & 1;
-    if (kt + 1 < nk) load_global(kt + 1);
+    if (kt + 1 < nk) load_global();
 #pragma unroll
     for (int k = 0; k < BK; ++k) {
       Pack a0, a1, b0, b1;
       a0.v = *reinterpret_cast<const VecT*>(&As[buf][k][ty * V]);
       a1.v = *reinterpret_cast<const VecT*>(&As[buf][k][BM / 2 + ty * V]);
       b0.v = *reinterpret_cast<const VecT*>(&Bs[buf][k][tx * V]);
-      b1.v = *reinterpret_cast<const VecT*>(&Bs[buf][k][BN / 2 + tx * V]);
+      if constexpr (WIDE) b1.v = *reinterpret_cast<const VecT*>(&Bs[buf][k][BN / 2 + tx * V]);
 #pragma unroll
       for (int i = 0; i < V; ++i)
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           acc[i][j] += a0.e[i] * b0.e[j];
-          acc[i][V + j] += a0.e[i] * b1.e[j];
           acc[V + i][j] += a1.e[i] * b0.e[j];
-          acc[V + i][V + j] += a1.e[i] * b1.e[j];
+          if constexpr (WIDE) {
+            acc[i][V + j] += a0.e[i] * b1.e[j];
+            acc[V + i][V + j] += a1.e[i] * b1.e[j];
+          }
         }
     }
     if (kt + 1 < nk) store_shared(buf ^ 1);
@@ -555,7 +562,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmArgs p) {
     const i64 m = m0 + (i < V ? ty * V + i : BM / 2 + ty * V + i - V);
     if (m >= p.M) continue;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < TN / V; ++h) {
       const i64 n = n0 + h * (BN / 2) + tx * V;
       if (n >= p.N) continue;
       VecT* dst = reinterpret_cast<VecT*>(C + m * p.ldc + n);
@@ -717,12 +724,15 @@ std::string unsupported(const ConvProblem& p) {
 template <typename Tc>
 void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st) {
   constexpr i64 bm = 32 * (16 / sizeof(Tc));
+  const bool wide = a0.N > bm / 2;
   GemmArgs a = a0;
   a.mblocks = ceil_div(a.M, bm);
-  a.nblocks = ceil_div(a.N, bm);
+  a.nblocks = ceil_div(a.N, wide ? bm : bm / 2);
   const i64 grid = a.mblocks * a.nblocks * points * a.G * a.S;
-  if (a_kmajor) gemm_kernel<Tc, true><<<grid, kThreads, 0, st>>>(a);
-  else gemm_kernel<Tc, false><<<grid, kThreads, 0, st>>>(a);
+  if (a_kmajor && wide) gemm_kernel<Tc, true, true><<<grid, kThreads, 0, st>>>(a);
+  else if (a_kmajor) gemm_kernel<Tc, true, false><<<grid, kThreads, 0, st>>>(a);
+  else if (wide) gemm_kernel<Tc, false, true><<<grid, kThreads, 0, st>>>(a);
+  else gemm_kernel<Tc, false, false><<<grid, kThreads, 0, st>>>(a);
 }
 
 template <typename T, typename Tc, int M>
