@@ -583,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 C
 constexpr int kFusedTiles = 32, kFusedK = 32;
 
 template <typename T, typename To, typename Tc>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, sizeof(Tc) == 4 ? 2 : 1)  // fp32: 2 CTAs per SM
 fused_kernel(const T* __restrict__ in, const Tc* __restrict__ U, Pass ps, i64 tiles,
              i64 tblocks, i64 kblocks, To* __restrict__ out) {
   constexpr int CB = 32 / sizeof(Tc), A = 4, A2 = 16, KPT = kFusedK / 8;
