@@ -491,7 +491,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 C
   alignas(16) WINO_SMEM T Bs[2][BK][BN];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const i64 blk = blockIdx.x;
-  const i64 nb = blk % p.nblocks, mb = blk / p.nblocks % p.mblocks, z = blk / (p.nblocks * p.mblocks);
+  const i64 nb = blk % p.nblocks, mb = blk / p.nblocks % p.mblocks;
+  const i64 z = blk / (p.nblocks * p.mblocks);
   const i64 s = z % p.S, g = z / p.S % p.G, xi = z / (p.S * p.G);
   const T* A = static_cast<const T*>(p.A) + xi * p.a_xi + g * p.a_g + s * p.a_s;
   const T* B = static_cast<const T*>(p.B) + xi * p.b_xi + g * p.b_g + s * p.b_s;
@@ -795,8 +796,8 @@ std::string nonfused_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
   const i64 tiles = tiles_of(ps);
   cudaStream_t st = io.stream;
   if (tiles == 0 || ps.P == 0 || ps.Q == 0) {
-    if (cudaMemsetAsync(io.out, 0, p.w_elems() * sizeof(To), st) != cudaSuccess)
-      return launch_error("zero fill");
+    const cudaError_t e = cudaMemsetAsync(io.out, 0, p.w_elems() * sizeof(To), st);
+    if (e != cudaSuccess) return std::string("WINOGRAD zero fill failed: ") + cudaGetErrorString(e);
     return "";
   }
   const i64 TB = chunk_tiles(ps, A, sizeof(Tc)), TBr = round_up(TB, kPad);

@@ -272,8 +272,8 @@ void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
       if (!ok || g_verbose)
         printf("%s %-26s %-8s %-5s %s->%s F(%dx%d) ws=%zu rel=%.3g (bound %.0e) max=%.3g\n",
                ok ? "ok  " : "FAIL", cs.name, an, opname[op], dname(in), dname(out),
-               tile_of(p, op, algo), tile_of(p, op, algo), wino_workspace_bytes(call), rel, bound(out),
-               mx);
+               tile_of(p, op, algo), tile_of(p, op, algo), wino_workspace_bytes(call), rel,
+               bound(out), mx);
     }
   }
   CK(cudaFree(dx_));
@@ -346,16 +346,16 @@ void check_refusals() {
   // Strides and dilations (set directly: make() builds stride-1 problems).
   ConvProblem p = make({"", H, 2, 1, 4, 4, 1, {9, 9}, {3, 3}, {1, 1}, {1, 1}});
   p.stride[2] = 2, p.out[2] = conv_output_size(9, 3, 2, 1, 1, 1, 1);
-  std::string why = wino_can_implement({ConvOp::kForward, ConvAlgo::kWinogradNonfused, p, DType::kF32,
-                                   DType::kF32, MathPrecision::kHighest});
-  printf("%s refuse stride2      '%s'\n", why.find("strides") != std::string::npos ? "ok  " : "FAIL",
-         why.c_str());
+  std::string why = wino_can_implement({ConvOp::kForward, ConvAlgo::kWinogradNonfused, p,
+                                        DType::kF32, DType::kF32, MathPrecision::kHighest});
+  printf("%s refuse stride2      '%s'\n",
+         why.find("strides") != std::string::npos ? "ok  " : "FAIL", why.c_str());
   if (why.find("strides") == std::string::npos) g_fail++;
   p = make({"", H, 2, 1, 4, 4, 1, {9, 9}, {3, 3}, {2, 2}, {2, 2}});
   p.dilation[1] = p.dilation[2] = 2;
   for (int i = 1; i < 3; ++i) p.out[i] = conv_output_size(9, 3, 1, 2, 1, 2, 2);
-  why = wino_can_implement({ConvOp::kBackwardData, ConvAlgo::kWinograd, p, DType::kBF16, DType::kBF16,
-                       MathPrecision::kDefault});
+  why = wino_can_implement({ConvOp::kBackwardData, ConvAlgo::kWinograd, p, DType::kBF16,
+                            DType::kBF16, MathPrecision::kDefault});
   printf("%s refuse dilation2    '%s'\n",
          why.find("rhs_dilation") != std::string::npos ? "ok  " : "FAIL", why.c_str());
   if (why.find("rhs_dilation") == std::string::npos) g_fail++;

@@ -2,8 +2,9 @@
 # Host emulation of the CUDA Winograd kernels, for machines without a GPU:
 #   bash tests/cuda/winograd/emulate.sh [quick|full]
 # Rewrites ffi/cuda/conv_winograd.cu's launches into emu::launch calls, compiles it and check.cu
-# with g++ against the emulated runtime in emu/ (AddressSanitizer, UBSan), and runs the checker. What it cannot see:
-# nvcc compile errors, real concurrency between warps, device rounding (FMA contraction), speed.
+# with g++ against the emulated runtime in emu/ (AddressSanitizer, UBSan), and runs the checker.
+# What it cannot see: nvcc compile errors, real concurrency between warps, device rounding (FMA
+# contraction), speed.
 # WINO_DTYPES (e.g. f64,f32) and WINO_CASE narrow the run; JAXDNN_WINO_CHUNK_TILES forces chunks.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."

@@ -13,14 +13,16 @@ nvcc -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 --expt-relaxed-constexpr
   -Xptxas -v -I ffi/include -I ffi/cuda tests/cuda/winograd/check.cu ffi/cuda/conv_winograd.cu \
   -o "$B" > "$O/build.txt" 2>&1 || { grep -v "ptxas info" "$O/build.txt" | head -50; exit 1; }
 echo "build $((SECONDS-t0)) s"
-grep -A2 "Compiling entry.*\(gemm\|fused\)_kernel" "$O/build.txt" | grep -E "Used|spill" | sort | uniq -c
+grep -A2 "Compiling entry.*\(gemm\|fused\)_kernel" "$O/build.txt" | grep -E "Used|spill" |
+  sort | uniq -c
 t1=$SECONDS
 BENCH_CSV=$O/bench.csv timeout 150 "$B" full bench > "$O/check.txt" 2>&1; check_rc=$?
 echo "check rc=$check_rc $((SECONDS-t1)) s"
 grep -v "^ok" "$O/check.txt" | grep -v "^BENCH" | head -60
 t1=$SECONDS
 JAXDNN_WINO_CHUNK_TILES=7 timeout 60 "$B" quick > "$O/check_chunks.txt" 2>&1; chunk_rc=$?
-echo "check (7-tile chunks) rc=$chunk_rc $((SECONDS-t1)) s"; grep -v "^ok" "$O/check_chunks.txt" | head -20
+echo "check (7-tile chunks) rc=$chunk_rc $((SECONDS-t1)) s"
+grep -v "^ok" "$O/check_chunks.txt" | head -20
 echo "---- timings (fp32 NCHW cuDNN WINOGRAD_NONFUSED vgg_c3_2 0.93 ms, r50_c3_3x3 0.131 ms;"
 echo "     lax HIGHEST vgg_c3_2 2.78 ms)"
 grep "^BENCH" "$O/check.txt"
