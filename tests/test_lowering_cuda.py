@@ -127,14 +127,10 @@ WINOGRADS = [jaxdnn.ConvAlgo.WINOGRAD_NONFUSED, jaxdnn.ConvAlgo.WINOGRAD]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("algo", WINOGRADS, ids=algo_id)
 def test_cuda_lowering_winograd(algo, dtype, op):
-  """The CUDA Winograd families take 3x3 stride-1 problems in all three operations (fused
-  WINOGRAD: no backward-filter, refused by name), with a workspace operand sized at trace time."""
+  """The CUDA Winograd families take 3x3 stride-1 problems in all three operations, with a
+  workspace operand sized at trace time."""
   x, w, conv, c = _setup(SIMPLE, dtype, algo)
   fn = _op_fn(op, conv, c)
-  if algo == jaxdnn.ConvAlgo.WINOGRAD and op == "grad-rhs":
-    with pytest.raises(ValueError, match="no backward-filter kernel"):
-      _lower_cuda(fn, x, w)
-    return
   for p_op, g, n, ch, k, kin, kout, prec in problems(fn, x, w):
     why = algorithms.unsupported_reason("cuda", p_op, algo, g, n, ch, k, kin, kout, prec)
     assert why == "", f"CUDA {algo.name} rejects the simple geometry ({p_op.name}): {why}"

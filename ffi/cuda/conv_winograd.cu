@@ -20,8 +20,11 @@
 // WINOGRAD (fused), F(2x2,3x3): fused_kernel takes 32 tiles x 32 output channels of a group per
 //   CTA; per block of input channels it transforms the input tiles into shared memory, loads the
 //   pre-transformed filter (U, workspace) and accumulates the 16 point products in registers;
-//   the output transform runs on those registers. Forward and backward-data; no backward-filter
-//   (its sum over tiles is not per-CTA; as in cuDNN and on the CPU, use WINOGRAD_NONFUSED).
+//   the output transform runs on those registers. Backward-data: the same on dy with the
+//   flipped, channel-swapped filter. Backward-filter: fused_wgrad_kernel takes a slice of the
+//   tiles x 32 input x 32 output channels per CTA through both transforms and the per-point
+//   products into registers, writes the slice's sums, and filter_grad_kernel adds the slices in
+//   order (deterministic) and applies G^T (.) G.
 //
 // Arithmetic: fp32 (FFMA, true fp32, for float32 at every precision and for bf16/f16 operands,
 // which are widened when loaded) or fp64 (DFMA, float64). Transformed operands live in the
@@ -30,7 +33,7 @@
 // Workspace (elements of the compute type Tc; TB = tiles per chunk, TBr = round_up(TB, 8)):
 //   fwd/dgrad NONFUSED: a*a G Cgp Kgp (U) + a*a TBr G (Cgp + Kgp) (V, Mo)
 //   wgrad:              a*a S G Cgp Kgp (split partials) + a*a TBr G (Cgp + Kgp) (V, Dy)
-//   fused:              16 G Cgp Kgp (U)
+//   fused:              16 G Cgp Kgp (U; wgrad: per tile slice, at most 64 slices)
 //   TB = min(tiles, max(256, kChunkBytes / (a*a * G * (Cgp + Kgp) * sizeof(Tc)))), 128 MiB chunks.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -674,6 +677,100 @@ fused_kernel(const T* __restrict__ in, const Tc* __restrict__ U, Pass ps, i64 ti
   }
 }
 
+// WINOGRAD (fused) F(2x2,3x3) backward-filter. CTA: (slice s of the tiles, group g, 32 input
+// channels (lanes), 32 output channels (8 warps x 4)). Per block of TBt tiles (8 fp32 / 4 fp64)
+// each thread transforms one (tile, input channel) of x into Vs and one (tile, output channel)
+// of dy into Ds (Dy = AT^T dy AT), then accumulates the 16 per-point products over the tiles
+// in registers; the slice's sums go to P[s][xi][g][c][k] and filter_grad_kernel adds the
+// slices in order (deterministic) before dw = G^T (.) G.
+template <typename T, typename Tc>
+__global__ void __launch_bounds__(kThreads, sizeof(Tc) == 4 ? 2 : 1)
+fused_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, Pass ps, i64 tiles,
+                   i64 per_slice, i64 cblocks, i64 kblocks, Tc* __restrict__ P) {
+  constexpr int TBt = 32 / sizeof(Tc), A = 4, A2 = 16, KPT = 4;
+  alignas(16) WINO_SMEM Tc Vs[TBt][A2][32];
+  alignas(16) WINO_SMEM Tc Ds[TBt][A2][32];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const i64 blk = blockIdx.x;
+  const i64 kb = blk % kblocks, cb = blk / kblocks % cblocks;
+  const i64 g = blk / (kblocks * cblocks) % ps.G, s = blk / (kblocks * cblocks * ps.G);
+  const i64 c0 = cb * 32, k0 = kb * 32;
+  const i64 t_begin = s * per_slice, t_end = std::min(tiles, t_begin + per_slice);
+  // Load role: tile tl of the block, channel ch (input channel for x, output channel for dy).
+  const int tl = tid / 32, ch = tid % 32;
+  const bool loader = tid < TBt * 32;
+  const bool c_ok = c0 + ch < ps.Cig, k_ok = k0 + ch < ps.Cog;
+  Tc acc[A2][KPT] = {};
+  for (i64 tb = t_begin; tb < t_end; tb += TBt) {
+    if (loader) {
+      const i64 t = tb + tl;
+      Tc d[A][A] = {}, y[2][2] = {};
+      if (t < t_end) {
+        const i64 pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
+        if (c_ok) {
+          const T* src = x + ps.plane_off(ps.is, pl) + (g * ps.Cig + c0 + ch) * ps.is.c;
+          const i64 h0 = ti * 2 - ps.pad_h, w0 = tj * 2 - ps.pad_w;
+#pragma unroll
+          for (int u = 0; u < A; ++u) {
+            const i64 h = h0 + u;
+            if (h < 0 || h >= ps.H) continue;
+#pragma unroll
+            for (int v = 0; v < A; ++v) {
+              const i64 w = w0 + v;
+              if (w >= 0 && w < ps.W)
+                d[u][v] = load_as<Tc>(src + h * ps.is.sp[1] + w * ps.is.sp[2]);
+            }
+          }
+        }
+        if (k_ok) {
+          const T* src = dy + ps.plane_off(ps.os, pl) + (g * ps.Cog + k0 + ch) * ps.os.c;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const i64 pp = ti * 2 + i;
+            if (pp >= ps.P) continue;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const i64 q = tj * 2 + j;
+              if (q < ps.Q) y[i][j] = load_as<Tc>(src + pp * ps.os.sp[1] + q * ps.os.sp[2]);
+            }
+          }
+        }
+      }
+      Tc v[A][A], e[A][A];
+      sandwich(d, v, [](const Tc* i, Tc* r) { Tr<2>::bt(i, r); });
+      sandwich(y, e, [](const Tc* i, Tc* r) { Tr<2>::a(i, r); });
+#pragma unroll
+      for (int i = 0; i < A; ++i)
+#pragma unroll
+        for (int j = 0; j < A; ++j) {
+          Vs[tl][i * A + j][ch] = v[i][j];
+          Ds[tl][i * A + j][ch] = e[i][j];
+        }
+    }
+    __syncthreads();
+#pragma unroll 2
+    for (int t = 0; t < TBt; ++t)
+#pragma unroll
+      for (int xi = 0; xi < A2; ++xi) {
+        const Tc v = Vs[t][xi][lane];
+#pragma unroll
+        for (int j = 0; j < KPT; ++j) acc[xi][j] += v * Ds[t][xi][warp * KPT + j];
+      }
+    __syncthreads();
+  }
+  const i64 c = c0 + lane;
+  if (c >= ps.Cig) return;
+  Tc* dst = P + ((s * A2 * ps.G + g) * ps.Cgp + c) * ps.Kgp;
+  const i64 point = ps.G * ps.Cgp * ps.Kgp;
+#pragma unroll
+  for (int j = 0; j < KPT; ++j) {
+    const i64 k = k0 + warp * KPT + j;
+    if (k >= ps.Cog) continue;
+#pragma unroll
+    for (int xi = 0; xi < A2; ++xi) dst[xi * point + k] = acc[xi][j];
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
@@ -856,9 +953,49 @@ std::string fused_pass(const CudaConvCall& c, const CudaConvBuffers& io) {
   return launch_error("fused");
 }
 
+// Tile slices of the fused backward-filter: {slices, tiles per slice}. Slices multiply the CTAs
+// up to about kWgradTargetCtas, each slice keeping at least 64 tiles; at most 64 slices.
+struct SlicePlan {
+  i64 slices, per_slice;
+};
+SlicePlan fused_wgrad_plan(const Pass& ps, size_t tc) {
+  const i64 tbt = 32 / static_cast<i64>(tc), tiles = tiles_of(ps);
+  const i64 ctas = ps.G * ceil_div(ps.Cig, 32) * ceil_div(ps.Cog, 32);
+  const i64 want = std::clamp<i64>(ceil_div(kWgradTargetCtas, ctas), 1,
+                                   std::clamp<i64>(tiles / 64, 1, 64));
+  const i64 per_slice = round_up(ceil_div(tiles, want), tbt);
+  return {ceil_div(tiles, per_slice), per_slice};
+}
+
+template <typename T, typename To, typename Tc>
+std::string fused_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
+  const ConvProblem& p = c.problem;
+  const Pass ps = make_pass(ConvOp::kBackwardFilter, p, 2);
+  const i64 tiles = tiles_of(ps);
+  cudaStream_t st = io.stream;
+  if (tiles == 0 || ps.P == 0 || ps.Q == 0) {
+    const cudaError_t e = cudaMemsetAsync(io.out, 0, p.w_elems() * sizeof(To), st);
+    if (e != cudaSuccess) return std::string("WINOGRAD zero fill failed: ") + cudaGetErrorString(e);
+    return "";
+  }
+  const SlicePlan sp = fused_wgrad_plan(ps, sizeof(Tc));
+  const i64 cblocks = ceil_div(ps.Cig, 32), kblocks = ceil_div(ps.Cog, 32);
+  Tc* P = static_cast<Tc*>(io.workspace);  // [slices][16][G][Cgp][Kgp]
+  fused_wgrad_kernel<T, Tc><<<sp.slices * ps.G * cblocks * kblocks, kThreads, 0, st>>>(
+      static_cast<const T*>(io.a), static_cast<const T*>(io.b), ps, tiles, sp.per_slice,
+      cblocks, kblocks, P);
+  if (std::string e = launch_error("fused backward-filter"); !e.empty()) return e;
+  filter_grad_kernel<To, Tc, 2><<<blocks_for(ps.G * ps.Cig * ps.Cog), kThreads, 0, st>>>(
+      P, sp.slices, ps.G, ps.Cig, ps.Cog, ps.Cgp, ps.Kgp, p.layout == Layout::kNHWC,
+      static_cast<To*>(io.out));
+  return launch_error("filter gradient transform");
+}
+
 template <typename T, typename To, typename Tc>
 std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
-  if (c.algo == ConvAlgo::kWinograd) return fused_pass<T, To, Tc>(c, io);
+  if (c.algo == ConvAlgo::kWinograd)
+    return c.op == ConvOp::kBackwardFilter ? fused_wgrad<T, To, Tc>(c, io)
+                                           : fused_pass<T, To, Tc>(c, io);
   const bool m4 = tile_m(c.op, c.problem) == 4;
   if (c.op == ConvOp::kBackwardFilter)
     return m4 ? nonfused_wgrad<T, To, Tc, 4>(c, io) : nonfused_wgrad<T, To, Tc, 2>(c, io);
@@ -870,9 +1007,6 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
 std::string winograd_can_implement(const CudaConvCall& c) {
   const ConvProblem& p = c.problem;
   if (std::string why = unsupported(p); !why.empty()) return why;
-  if (c.algo == ConvAlgo::kWinograd && c.op == ConvOp::kBackwardFilter)
-    return "WINOGRAD has no backward-filter kernel (its sum over tiles is not a per-tile-block "
-           "pass; as in cuDNN, use WINOGRAD_NONFUSED)";
   // Launch geometry: the batched GEMM's grid is a*a * G * splits * tile blocks (1-D, < 2^31).
   if (p.G > 50000) return "Winograd kernels support at most 50000 groups";
   return "";
@@ -885,7 +1019,8 @@ size_t winograd_workspace_bytes(const CudaConvCall& c) {
   if (c.algo == ConvAlgo::kWinograd) {
     const Pass ps = make_pass(c.op, p, 2);
     if (tiles_of(ps) == 0 || ps.P == 0 || ps.Q == 0) return 0;
-    return static_cast<size_t>(16 * ps.G * ps.Cgp * ps.Kgp) * tc;
+    const i64 slices = c.op == ConvOp::kBackwardFilter ? fused_wgrad_plan(ps, tc).slices : 1;
+    return static_cast<size_t>(slices * 16 * ps.G * ps.Cgp * ps.Kgp) * tc;
   }
   const int m = tile_m(c.op, p), a = m + 2;
   const Pass ps = make_pass(c.op, p, m);

@@ -100,8 +100,10 @@ FAMILY_NOTES = {
         "only (no backward-filter, as in cuDNN). Same geometry and bounds as WINOGRAD_NONFUSED. "
         "CUDA: one kernel per block of 32 tiles x 32 output channels (input transform into "
         "shared memory, products in registers, output transform), after a filter-transform "
-        "pass into workspace (16 x C x K/G elements); fp32 (float64 for float64) arithmetic; "
-        "forward and backward-data only"),
+        "pass into workspace (16 x C x K/G elements); backward-filter too: per slice of the "
+        "tiles, both transforms and the per-point products in one kernel, the slices' sums "
+        "(workspace, at most 64 slices) added in order (deterministic); fp32 (float64 for "
+        "float64) arithmetic"),
     ConvAlgo.FFT: (
         "CPU: whole-image real transforms (jaxdnn's own mixed-radix 2/3/4/5 FFT, vectorised over "
         "16 float32 / 8 float64 signals), per-frequency complex channel products, inverse "

@@ -1,6 +1,6 @@
 // Standalone check of the CUDA WINOGRAD_NONFUSED and WINOGRAD families through run_conv: fp64
-// host reference over many geometries, every dtype, forward / backward-data / backward-filter,
-// refusals, bitwise repeatability of backward-filter; then timings.
+// host reference over many geometries, every dtype, forward / backward-data / backward-filter
+// of both families, refusals, bitwise repeatability of backward-filter; then timings.
 // Usage: check [quick|full|none] [bench]   (none: timings only)
 // Each line: ok/FAIL, case, family, op, dtypes, tile, rel = ||out - ref|| / ||ref|| against the
 // stated bound, and max = max |out - ref| / max |ref|. Exits nonzero on any failure.
@@ -234,13 +234,6 @@ void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
     for (int op = 0; op < 3; ++op) {
       const CudaConvCall call{(ConvOp)op, algo, p, in, out, MathPrecision::kHighest};
       const std::string why = wino_can_implement(call);
-      if (algo == ConvAlgo::kWinograd && op == 2) {
-        if (why.find("backward-filter") == std::string::npos) {
-          printf("FAIL %-26s FUSED wgrad not refused: '%s'\n", cs.name, why.c_str());
-          g_fail++;
-        }
-        continue;
-      }
       if (!why.empty()) {
         printf("FAIL %-26s %s %s refused: %s\n", cs.name, an, opname[op], why.c_str());
         g_fail++;
@@ -332,8 +325,6 @@ void check_refusals() {
       {"3x3x3", {"", H, 3, 1, 4, 4, 1, {4, 5, 5}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}}, 0, NF, "depth"},
       {"depth pad", {"", H, 3, 1, 4, 4, 1, {4, 5, 5}, {1, 3, 3}, {1, 1, 1}, {1, 1, 1}}, 2, NF,
        "depth"},
-      {"fused wgrad", {"", H, 2, 1, 4, 4, 1, {9, 9}, {3, 3}, {1, 1}, {1, 1}}, 2,
-       ConvAlgo::kWinograd, "backward-filter"},
   };
   for (auto& r : rs) {
     const CudaConvCall call{(ConvOp)r.op, r.algo, make(r.c), DType::kF32, DType::kF32,
@@ -361,7 +352,8 @@ void check_refusals() {
   if (why.find("rhs_dilation") == std::string::npos) g_fail++;
 }
 
-// Backward-filter with several splits and chunks: run twice, compare bitwise.
+// Backward-filter with several splits (NONFUSED) or tile slices (fused): run twice, compare
+// bitwise.
 void check_repeatable() {
   const ConvProblem p = make({"", Layout::kNHWC, 2, 4, 8, 8, 1, {64, 64}, {3, 3}, {1, 1}, {1, 1}});
   std::mt19937 rng(3);
@@ -371,15 +363,17 @@ void check_repeatable() {
   for (auto& v : dy) v = U(rng);
   void* dx_ = dev_upload(pack(x, DType::kF32));
   void* ddy = dev_upload(pack(dy, DType::kF32));
-  const CudaConvCall call{ConvOp::kBackwardFilter, ConvAlgo::kWinogradNonfused, p, DType::kF32,
-                          DType::kF32, MathPrecision::kHighest};
-  std::string e1, e2;
-  const auto a = run_one(call, dx_, ddy, p.w_elems(), &e1);
-  const auto b = run_one(call, dx_, ddy, p.w_elems(), &e2);
-  const bool ok = e1.empty() && e2.empty() && a == b;
-  printf("%s wgrad bitwise repeatable (ws %zu bytes) %s%s\n", ok ? "ok  " : "FAIL",
-         wino_workspace_bytes(call), e1.c_str(), e2.c_str());
-  if (!ok) g_fail++;
+  for (ConvAlgo algo : {ConvAlgo::kWinogradNonfused, ConvAlgo::kWinograd}) {
+    const CudaConvCall call{ConvOp::kBackwardFilter, algo, p, DType::kF32, DType::kF32,
+                            MathPrecision::kHighest};
+    std::string e1, e2;
+    const auto a = run_one(call, dx_, ddy, p.w_elems(), &e1);
+    const auto b = run_one(call, dx_, ddy, p.w_elems(), &e2);
+    const bool ok = e1.empty() && e2.empty() && a == b;
+    printf("%s %s wgrad bitwise repeatable (ws %zu bytes) %s%s\n", ok ? "ok  " : "FAIL",
+           conv_algo_name(algo), wino_workspace_bytes(call), e1.c_str(), e2.c_str());
+    if (!ok) g_fail++;
+  }
   CK(cudaFree(dx_));
   CK(cudaFree(ddy));
 }
