@@ -62,3 +62,46 @@ def test_explicit_choice_is_kept():
                ConvAlgo.IMPLICIT_PRECOMP_GEMM):
     assert choose_algorithm("cpu", ConvOp.FORWARD, algo, g, 2, 8, 8, np.float32, np.float32,
                             MathPrecision.DEFAULT) is algo
+
+
+# (op, geometry, C, K, dtype, precision) -> the first family of the GPU order: WINOGRAD_NONFUSED
+# only where the CPU rule picks it (3x3, >= 64 channels per group in and out) and only for
+# float32 at precision=HIGHEST (its 1e-5 bound qualifies; elsewhere tensor-core GEMMs win).
+GPU_CASES = [
+    ("3x3-highest", ConvOp.FORWARD, _geometry(56, 3), 256, 256, np.float32,
+     MathPrecision.HIGHEST, ConvAlgo.WINOGRAD_NONFUSED),
+    ("3x3-highest-wgrad", ConvOp.BACKWARD_FILTER, _geometry(28, 3), 128, 128, np.float32,
+     MathPrecision.HIGHEST, ConvAlgo.WINOGRAD_NONFUSED),
+    ("3x3-highest-dgrad", ConvOp.BACKWARD_DATA, _geometry(7, 3), 512, 512, np.float32,
+     MathPrecision.HIGHEST, ConvAlgo.WINOGRAD_NONFUSED),
+    ("3x3-default", ConvOp.FORWARD, _geometry(56, 3), 256, 256, np.float32,
+     MathPrecision.DEFAULT, ConvAlgo.IMPLICIT_PRECOMP_GEMM),
+    ("3x3-high", ConvOp.FORWARD, _geometry(56, 3), 256, 256, np.float32,
+     MathPrecision.HIGH, ConvAlgo.IMPLICIT_PRECOMP_GEMM),
+    ("3x3-bf16", ConvOp.FORWARD, _geometry(56, 3), 256, 256, "bfloat16",
+     MathPrecision.HIGHEST, ConvAlgo.IMPLICIT_PRECOMP_GEMM),
+    ("3x3-narrow", ConvOp.FORWARD, _geometry(56, 3), 32, 64, np.float32,
+     MathPrecision.HIGHEST, ConvAlgo.IMPLICIT_PRECOMP_GEMM),
+    ("5x5-highest", ConvOp.FORWARD, _geometry(28, 5), 64, 64, np.float32,
+     MathPrecision.HIGHEST, ConvAlgo.IMPLICIT_PRECOMP_GEMM),
+]
+
+
+@pytest.mark.parametrize("name, op, g, c, k, dtype, prec, expected", GPU_CASES,
+                         ids=[c[0] for c in GPU_CASES])
+def test_gpu_auto_order(name, op, g, c, k, dtype, prec, expected):
+  import jax.numpy as jnp
+  from jaxdnn._src.algorithms import _heuristic_order
+  dtype = jnp.dtype(dtype)
+  assert _heuristic_order("cuda", op, g, 32, c, k, dtype, prec)[0] == expected, name
+
+
+def test_gpu_auto_skips_winograd_where_unsupported():
+  """A strided 3x3 layer at HIGHEST: Winograd heads the order but refuses, a GEMM runs."""
+  from jaxdnn._src import ffi
+  if ffi.extension("cuda") is None:
+    pytest.skip("the CUDA extension is not built")
+  for stride, expected in ((2, None), (1, ConvAlgo.WINOGRAD_NONFUSED)):
+    got = choose_algorithm("cuda", ConvOp.FORWARD, AUTO, _geometry(28, 3, stride=stride), 8,
+                           128, 128, np.float32, np.float32, MathPrecision.HIGHEST)
+    assert (got != ConvAlgo.WINOGRAD_NONFUSED) if expected is None else (got == expected)

@@ -25,7 +25,7 @@ from jaxdnn._src.primitives import fused as fused_prims
 from tolerances import BF16, F16, F32, F64, RTOL, assert_close, tolerance
 
 A = jaxdnn.ConvAlgo
-# The GPU carries the epilogue in the general families (there are no CUDA Winograd kernels).
+# The GPU carries the epilogue in the general families (the CUDA Winograd kernels carry none).
 if PLATFORM != "cpu":
   FAMILIES = GENERAL_FAMILIES
 

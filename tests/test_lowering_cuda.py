@@ -119,6 +119,36 @@ def test_cuda_kernel_less_family_refused_at_lowering():
     _lower_cuda(conv, x, w)
 
 
+WINOGRADS = [jaxdnn.ConvAlgo.WINOGRAD_NONFUSED, jaxdnn.ConvAlgo.WINOGRAD]
+
+
+@needs_cuda_extension
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algo", WINOGRADS, ids=algo_id)
+def test_cuda_lowering_winograd(algo, dtype, op):
+  """The CUDA Winograd families take 3x3 stride-1 problems in all three operations, with a
+  workspace operand sized at trace time."""
+  x, w, conv, c = _setup(SIMPLE, dtype, algo)
+  fn = _op_fn(op, conv, c)
+  for p_op, g, n, ch, k, kin, kout, prec in problems(fn, x, w):
+    why = algorithms.unsupported_reason("cuda", p_op, algo, g, n, ch, k, kin, kout, prec)
+    assert why == "", f"CUDA {algo.name} rejects the simple geometry ({p_op.name}): {why}"
+    assert algorithms.workspace_bytes("cuda", p_op, algo, g, n, ch, k, kin, kout, prec) > 0
+  _check_lowering(_lower_cuda(fn, x, w), op, algo)
+
+
+@needs_cuda_extension
+@pytest.mark.parametrize("case,reason", [("nchw-stride2", "window_strides 1"),
+                                         ("nhwc-groups2-dilated", "rhs_dilation 1"),
+                                         ("1d-ncw", "3x3 filter"), ("3d-ndhwc", "3x3 filter")])
+@pytest.mark.parametrize("algo", WINOGRADS, ids=algo_id)
+def test_cuda_winograd_refusals(algo, case, reason):
+  x, w, conv, _ = _setup(OTHERS[case], F32, algo)
+  with pytest.raises(ValueError, match=reason):
+    _lower_cuda(conv, x, w)
+
+
 @pytest.mark.skipif(CUDA is not None, reason="the CUDA extension is built")
 def test_cuda_lowering_without_extension():
   """No CUDA kernels in this build: explicit families refuse, algo='auto' lowers to lax."""
@@ -140,7 +170,8 @@ def test_lowering_platforms_api_available():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("algo", [*GENERAL_FAMILIES, "auto"], ids=algo_id)
+@pytest.mark.parametrize("algo", [*GENERAL_FAMILIES, jaxdnn.ConvAlgo.WINOGRAD_NONFUSED, "auto"],
+                         ids=algo_id)
 def test_gpu_executes_jaxdnn_cuda_kernels(algo, dtype):
   """On a GPU machine: the CUDA extension is there, and the compiled program runs its kernels."""
   assert CUDA is not None, "GPU backend but no jaxdnn CUDA extension"

@@ -1,5 +1,5 @@
-"""WINOGRAD_NONFUSED and WINOGRAD on the CPU: tile edge cases, both tile sizes, float32 error,
-refusals.
+"""WINOGRAD_NONFUSED and WINOGRAD on the CPU and (where the CUDA kernels take the case) on the
+GPU: tile edge cases, both tile sizes, float32 error, refusals.
 
 WINOGRAD_NONFUSED uses F(4x4, 3x3) unless the output of a pass is smaller than 4 on a side, where
 it uses F(2x2, 3x3); WINOGRAD (fused, forward and backward-data) always F(2x2, 3x3). Images
@@ -21,12 +21,11 @@ from jax.test_util import check_grads
 
 import jaxdnn
 from grid import NCHW, NDHWC, NHWC, NWC, Case
-from helpers import GENERAL_FAMILIES, PLATFORM, lax_conv_hi, problems, rand, require_supported
+from helpers import (GENERAL_FAMILIES, LOWERING_PLATFORM, lax_conv_hi, problems, rand,
+                     require_supported)
 from jaxdnn._src import algorithms
 from jaxdnn._src.geometry import ConvOp
 from tolerances import BF16, F16, F32, F64, assert_close, tolerance
-
-pytestmark = pytest.mark.skipif(PLATFORM != "cpu", reason="the CPU Winograd kernels")
 
 WINO = jaxdnn.ConvAlgo.WINOGRAD_NONFUSED
 FUSED = jaxdnn.ConvAlgo.WINOGRAD
@@ -67,15 +66,19 @@ def _check_all_ops(case, dtype, seed=0, algo=WINO):
   w = rand(case.rhs, dtype, seed=seed + 1)
   ref = functools.partial(lax_conv_hi, **case.kwargs())
   ct = rand(jax.eval_shape(ref, x, w).shape, dtype, seed=seed + 2)
-  with_filter = algo == WINO  # WINOGRAD has no backward-filter kernel
-  mine = _vjp_all(functools.partial(jaxdnn.conv, **case.kwargs(), algo=algo), with_filter)
+  # WINOGRAD has no backward-filter kernel on the CPU (it has one in CUDA)
+  with_filter = algo == WINO or LOWERING_PLATFORM != "cpu"
+  # HIGHEST: on the GPU the float32 bound is then the Winograd one (1e-5), not TF32's.
+  mine = _vjp_all(functools.partial(jaxdnn.conv, **case.kwargs(), algo=algo,
+                                    precision=jax.lax.Precision.HIGHEST), with_filter)
   require_supported(algo, mine, x, w, ct)
   got = mine(x, w, ct)
   want = _vjp_all(ref, with_filter)(x.astype(F64), w.astype(F64), ct.astype(F64))
   errors = {}
   for name, a, b in zip(("forward", "backward-data", "backward-filter"), got, want):
     assert a.dtype == dtype
-    assert_close(a, b, tolerance(dtype), f"{case.id} {algo.name} {name}")
+    assert_close(a, b, tolerance(dtype, precision=jax.lax.Precision.HIGHEST, algo=algo),
+                 f"{case.id} {algo.name} {name}")
     errors[name] = float(np.linalg.norm(np.asarray(a, F64) - b) / max(np.linalg.norm(b), 1e-300))
   assert len(errors) == (3 if with_filter else 2)
   return errors
@@ -88,7 +91,8 @@ def test_odd_cases_are_supported():
     conv = functools.partial(jaxdnn.conv, **case.kwargs(), algo=WINO)
     fn = jax.grad(lambda x, w: jnp.sum(conv(x, w) ** 2), argnums=(0, 1))
     for op, g, n, c, k, kin, kout, prec in problems(fn, x, w):
-      assert algorithms.unsupported_reason("cpu", op, WINO, g, n, c, k, kin, kout, prec) == ""
+      assert algorithms.unsupported_reason(LOWERING_PLATFORM, op, WINO, g, n, c, k, kin, kout,
+                                           prec) == ""
 
 
 @pytest.mark.parametrize("algo", [WINO, FUSED], ids=lambda a: a.value)
@@ -107,6 +111,8 @@ def test_fused_many_tile_blocks():
 
 
 def test_fused_refuses_backward_filter():
+  if LOWERING_PLATFORM != "cpu":
+    pytest.skip("the CUDA WINOGRAD has a backward-filter kernel")
   case = CASES[3]
   x, w = rand(case.lhs, F32), rand(case.rhs, F32)
   conv = functools.partial(jaxdnn.conv, **case.kwargs(), algo=FUSED)

@@ -47,10 +47,11 @@ std::string can_implement(const CudaConvCall& c) {
     case ConvAlgo::kImplicitPrecompGemm:
     case ConvAlgo::kGemm:
       return gemm_family_can_implement(c);
-    case ConvAlgo::kFft:
-    case ConvAlgo::kFftTiling:
     case ConvAlgo::kWinograd:
     case ConvAlgo::kWinogradNonfused:
+      return winograd_can_implement(c);
+    case ConvAlgo::kFft:
+    case ConvAlgo::kFftTiling:
       return std::string("no CUDA kernel yet for ") + conv_algo_name(c.algo);
   }
   return "unknown algorithm id";
@@ -65,6 +66,9 @@ size_t workspace_bytes(const CudaConvCall& c) {
     case ConvAlgo::kImplicitPrecompGemm:
     case ConvAlgo::kGemm:
       return gemm_family_workspace_bytes(c);
+    case ConvAlgo::kWinograd:
+    case ConvAlgo::kWinogradNonfused:
+      return winograd_workspace_bytes(c);
     default:
       return 0;
   }
@@ -83,6 +87,9 @@ std::string run_conv(const CudaConvCall& c, const CudaConvBuffers& io) {
     case ConvAlgo::kImplicitPrecompGemm:
     case ConvAlgo::kGemm:
       return gemm_family_run(c, io);
+    case ConvAlgo::kWinograd:
+    case ConvAlgo::kWinogradNonfused:
+      return winograd_run(c, io);
     default:
       return std::string("no CUDA kernel yet for ") + conv_algo_name(c.algo);
   }

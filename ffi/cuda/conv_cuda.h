@@ -56,6 +56,12 @@ std::string wgmma_fwd_reason(const CudaConvCall& c);
 size_t wgmma_fwd_workspace_bytes(const CudaConvCall& c);
 bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string* err);
 
+// WINOGRAD (fused F(2x2,3x3)) and WINOGRAD_NONFUSED (F(4x4,3x3) / F(2x2,3x3) with batched
+// GEMMs through the workspace), both algorithm ids (conv_winograd.cu)
+std::string winograd_can_implement(const CudaConvCall& c);
+size_t winograd_workspace_bytes(const CudaConvCall& c);
+std::string winograd_run(const CudaConvCall& c, const CudaConvBuffers& io);
+
 // Dispatch over all families (conv_cuda.cu).
 std::string can_implement(const CudaConvCall& c);
 // The forward with a fused epilogue (io.epi): the families whose kernels carry it (fused.cu).

@@ -85,11 +85,25 @@ FAMILY_NOTES = {
         "CPU: F(4x4,3x3) (F(2x2,3x3) when an output side is < 4) transforms through workspace, "
         "36 (16) per-point channel products; 2-D 3x3 filters, stride 1, no dilation. Relative "
         "error bound 1e-5 in float32 (measured <= 3.2e-6 on the 3x3 benchmark layers), 1e-12 "
-        "in float64"),
+        "in float64. "
+        "CUDA: the same tiles, geometry and bounds (2-D 3x3 filters, stride 1, no dilation, "
+        "groups, NHWC/NCHW, any padding, 3-D with depth-1 filters), filter, input and output "
+        "transforms as separate kernels through workspace and the per-point channel products as "
+        "one batched SIMT GEMM launch (128x128 tiles, fp32 FFMA, true fp32 at every precision; "
+        "float64 in DFMA; bfloat16/float16 operands widened to fp32, so their error is the "
+        "output rounding). Workspace: filter transform (or the backward-filter split partials) "
+        "plus chunks of transformed tiles, at most about 128 MiB of them. Backward-filter is "
+        "deterministic (fixed-order split reduction, no atomics)"),
     ConvAlgo.WINOGRAD: (
         "CPU: fused F(2x2,3x3): per thread, blocks of 24 tiles through input transform, 16 "
         "products and output transform in cache-resident buffers; forward and backward-data "
-        "only (no backward-filter, as in cuDNN). Same geometry and bounds as WINOGRAD_NONFUSED"),
+        "only (no backward-filter, as in cuDNN). Same geometry and bounds as WINOGRAD_NONFUSED. "
+        "CUDA: one kernel per block of 32 tiles x 32 output channels (input transform into "
+        "shared memory, products in registers, output transform), after a filter-transform "
+        "pass into workspace (16 x C x K/G elements); backward-filter too: per slice of the "
+        "tiles, both transforms and the per-point products in one kernel, the slices' sums "
+        "(workspace, at most 64 slices) added in order (deterministic); fp32 (float64 for "
+        "float64) arithmetic"),
     ConvAlgo.FFT: (
         "CPU: whole-image real transforms (jaxdnn's own mixed-radix 2/3/4/5 FFT, vectorised over "
         "16 float32 / 8 float64 signals), per-frequency complex channel products, inverse "
@@ -164,7 +178,8 @@ def workspace_bytes(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeo
 
 
 def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: int,
-                     channels: int, out_channels: int) -> list[ConvAlgo]:
+                     channels: int, out_channels: int, in_dtype=None,
+                     precision: MathPrecision | None = None) -> list[ConvAlgo]:
   """Families in order of preference for `auto` (the first supported one wins).
 
   Tuned on the measured tables in benchmarks/results/ (CPU: the 2-core AVX-512 machine; GPU: H200).
@@ -199,8 +214,16 @@ def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: i
   # GPU
   if small_groups:
     return direct_first
-  return [ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.IMPLICIT_GEMM, ConvAlgo.GEMM,
-          ConvAlgo.DIRECT]
+  order = [ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.IMPLICIT_GEMM, ConvAlgo.GEMM,
+           ConvAlgo.DIRECT]
+  # WINOGRAD_NONFUSED where the CPU rule picks it, for float32 at precision=HIGHEST only: there
+  # it saves 2.25x of the true-fp32 FFMA work within its 1e-5 bound, while at DEFAULT/HIGH and
+  # for 16-bit operands the GEMM families run on tensor cores and the Winograd kernels do not.
+  if (tuple(geometry.filter_spatial) == (3, 3) and cg >= 64 and kg >= 64 and
+      in_dtype is not None and np.dtype(in_dtype) == np.float32 and
+      precision == MathPrecision.HIGHEST):
+    order = [ConvAlgo.WINOGRAD_NONFUSED, *order]
+  return order
 
 
 def _cpu_order(op, geometry, batch, cg, kg, taps, gemm_first, direct_first):
@@ -242,7 +265,8 @@ def choose_algorithm(platform: str, op: ConvOp, requested: ConvAlgo | str,
           f"convolution on {platform}: {why}. Families that can: "
           f"{', '.join(a.name for a in able) or 'none'} (or algo='auto').")
     return requested
-  for algo in _heuristic_order(platform, op, geometry, batch, channels, out_channels):
+  for algo in _heuristic_order(platform, op, geometry, batch, channels, out_channels, in_dtype,
+                              precision):
     if not unsupported_reason(platform, op, algo, *args, fused=fused):
       return algo
   able = supported_algorithms(platform, op, *args, fused=fused)

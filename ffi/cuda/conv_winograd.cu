@@ -1,0 +1,1048 @@
+// WINOGRAD_NONFUSED and WINOGRAD (fused) on the GPU: minimal filtering F(m x m, 3 x 3), the math
+// of ffi/cpu/conv_winograd.cc (read its header comment first) and its support scope: 3x3
+// stride-1 undilated 2-D filters (3-D only with depth-1 filters, as independent depth slices),
+// groups, NHWC and NCHW, any (negative, asymmetric) padding, images smaller than a tile.
+//
+// Per point xi of the a x a transform domain (a = m + 2) and group g:
+//   Y = AT [ sum_c U[xi][c][k] V[xi][tile][c] ] AT^T,  U = G w G^T,  V = BT d BT^T.
+//
+// WINOGRAD_NONFUSED, F(4x4,3x3) (F(2x2,3x3) where the pass output is < 4 on a side, as the CPU):
+//   1. filter_transform_kernel: U[xi][g][c][k]  (Cgp x Kgp per (xi, g), zero-padded)
+//   2. input_transform_kernel:  V[xi][t][g][c]  (a chunk of TB tiles; NHWC reads coalesced along c)
+//   3. gemm_kernel, one launch: Mo[xi][t][g][k] = V[xi][t][g][:] * U[xi][g]  (M = tiles of the
+//      chunk, N = K/G, K = C/G), 36 * G products
+//   4. output_transform_kernel: Y = AT Mo AT^T, cropped, in the output layout and dtype.
+//   Backward-data: the same on dy with w'(r, s, c, k) = w(2 - r, 2 - s, k, c), padding 2 - pad.
+//   Backward-filter: V of x and Dy = AT^T dy AT (dy_transform_kernel), per point
+//   P[s][xi][g] (+)= V[xi][tiles of split s]^T * Dy[xi][tiles of split s] (gemm_kernel, A read
+//   k-major), then dw = G^T (sum_s P[s]) G (filter_grad_kernel) with the splits added in a
+//   fixed order: no atomics, bitwise reproducible.
+// WINOGRAD (fused), F(2x2,3x3): fused_kernel takes 32 tiles x 32 output channels of a group per
+//   CTA; per block of input channels it transforms the input tiles into shared memory, loads the
+//   pre-transformed filter (U, workspace) and accumulates the 16 point products in registers;
+//   the output transform runs on those registers. Backward-data: the same on dy with the
+//   flipped, channel-swapped filter. Backward-filter: fused_wgrad_kernel takes a slice of the
+//   tiles x 32 input x 32 output channels per CTA through both transforms and the per-point
+//   products into registers, writes the slice's sums, and filter_grad_kernel adds the slices in
+//   order (deterministic) and applies G^T (.) G.
+//
+// Arithmetic: fp32 (FFMA, true fp32, for float32 at every precision and for bf16/f16 operands,
+// which are widened when loaded) or fp64 (DFMA, float64). Transformed operands live in the
+// workspace in that type. Channel pads: Cgp = round_up(C/G, 8), Kgp = round_up(K/G, 8) (per pass
+// input / output channels), zeros in the pads, so the GEMM's K loop needs no bounds.
+// Workspace (elements of the compute type Tc; TB = tiles per chunk, TBr = round_up(TB, 8)):
+//   fwd/dgrad NONFUSED: a*a G Cgp Kgp (U) + a*a TBr G (Cgp + Kgp) (V, Mo)
+//   wgrad:              a*a S G Cgp Kgp (split partials) + a*a TBr G (Cgp + Kgp) (V, Dy)
+//   fused:              16 G Cgp Kgp (U; wgrad: per tile slice, at most 64 slices)
+//   TB = min(tiles, max(256, kChunkBytes / (a*a * G * (Cgp + Kgp) * sizeof(Tc)))), 128 MiB chunks.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
+#include "conv_cuda.h"
+
+#ifdef JAXDNN_WINO_EMULATION
+#define WINO_SMEM static  // host emulation (tests/cuda/winograd/emu): one block at a time
+#else
+#define WINO_SMEM __shared__
+#endif
+
+namespace jaxdnn::cuda {
+namespace {
+
+using i64 = long long;
+
+constexpr i64 kChunkBytes = i64{128} << 20;
+constexpr int kThreads = 256;  // every kernel here
+constexpr int kPad = 8;        // channel pad (the GEMM's BK)
+constexpr i64 kMaxSplits = 16;
+// CTAs the backward-filter GEMM aims for (about 4 waves of an H200 at 2 CTAs per SM, so the
+// last partial wave costs little); a constant, not a device query, so that the workspace size
+// and the summation order do not depend on the device.
+constexpr i64 kWgradTargetCtas = 1056;
+
+i64 round_up(i64 a, i64 b) { return (a + b - 1) / b * b; }
+i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------------------------
+// Element conversions (compute type float or double).
+template <typename Tc, typename T>
+__device__ __forceinline__ Tc load_as(const T* p) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return static_cast<Tc>(__bfloat162float(*p));
+  else if constexpr (std::is_same_v<T, __half>) return static_cast<Tc>(__half2float(*p));
+  else return static_cast<Tc>(*p);
+}
+template <typename T, typename Tc>
+__device__ __forceinline__ void store_as(T* p, Tc v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) *p = __float2bfloat16_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __half>) *p = __float2half_rn(static_cast<float>(v));
+  else *p = static_cast<T>(v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1-D transforms of F(m, 3). bt: input (a -> a), g: filter (3 -> a), at: output (a -> m);
+// the adjoints for backward-filter: a (m -> a, v = AT^T y) and gt (a -> 3, w = G^T u).
+template <int M>
+struct Tr;
+
+template <>
+struct Tr<2> {  // points 0, 1, -1, inf
+  static constexpr int A = 4;
+  template <typename T>
+  __device__ static void bt(const T* d, T* o) {
+    o[0] = d[0] - d[2]; o[1] = d[1] + d[2]; o[2] = d[2] - d[1]; o[3] = d[1] - d[3];
+  }
+  template <typename T>
+  __device__ static void g(const T* w, T* u) {
+    const T h = T(0.5);
+    u[0] = w[0]; u[1] = h * (w[0] + w[1] + w[2]); u[2] = h * (w[0] - w[1] + w[2]); u[3] = w[2];
+  }
+  template <typename T>
+  __device__ static void at(const T* m, T* y) {
+    y[0] = m[0] + m[1] + m[2]; y[1] = m[1] - m[2] - m[3];
+  }
+  template <typename T>
+  __device__ static void a(const T* y, T* v) {
+    v[0] = y[0]; v[1] = y[0] + y[1]; v[2] = y[0] - y[1]; v[3] = -y[1];
+  }
+  template <typename T>
+  __device__ static void gt(const T* u, T* w) {
+    const T h = T(0.5);
+    w[0] = u[0] + h * (u[1] + u[2]); w[1] = h * (u[1] - u[2]); w[2] = h * (u[1] + u[2]) + u[3];
+  }
+};
+
+template <>
+struct Tr<4> {  // points 0, 1, -1, 2, -2, inf
+  static constexpr int A = 6;
+  template <typename T>
+  __device__ static void bt(const T* d, T* o) {
+    o[0] = T(4) * d[0] - T(5) * d[2] + d[4];
+    o[1] = -T(4) * (d[1] + d[2]) + d[3] + d[4];
+    o[2] = T(4) * (d[1] - d[2]) - d[3] + d[4];
+    o[3] = T(2) * (d[3] - d[1]) - d[2] + d[4];
+    o[4] = T(2) * (d[1] - d[3]) - d[2] + d[4];
+    o[5] = T(4) * d[1] - T(5) * d[3] + d[5];
+  }
+  template <typename T>
+  __device__ static void g(const T* w, T* u) {
+    const T s6 = T(1.0 / 6), s12 = T(1.0 / 12), s24 = T(1.0 / 24);
+    u[0] = T(0.25) * w[0];
+    u[1] = -s6 * (w[0] + w[1] + w[2]);
+    u[2] = -s6 * (w[0] - w[1] + w[2]);
+    u[3] = s24 * w[0] + s12 * w[1] + s6 * w[2];
+    u[4] = s24 * w[0] - s12 * w[1] + s6 * w[2];
+    u[5] = w[2];
+  }
+  template <typename T>
+  __device__ static void at(const T* m, T* y) {
+    const T p1 = m[1] + m[2], m1 = m[1] - m[2], p2 = m[3] + m[4], m2 = m[3] - m[4];
+    y[0] = m[0] + p1 + p2;
+    y[1] = m1 + T(2) * m2;
+    y[2] = p1 + T(4) * p2;
+    y[3] = m1 + T(8) * m2 + m[5];
+  }
+  template <typename T>
+  __device__ static void a(const T* y, T* v) {
+    v[0] = y[0];
+    v[1] = y[0] + y[1] + y[2] + y[3];
+    v[2] = y[0] - y[1] + y[2] - y[3];
+    v[3] = y[0] + T(2) * y[1] + T(4) * y[2] + T(8) * y[3];
+    v[4] = y[0] - T(2) * y[1] + T(4) * y[2] - T(8) * y[3];
+    v[5] = y[3];
+  }
+  template <typename T>
+  __device__ static void gt(const T* u, T* w) {
+    const T s6 = T(1.0 / 6), s12 = T(1.0 / 12), s24 = T(1.0 / 24);
+    w[0] = T(0.25) * u[0] - s6 * (u[1] + u[2]) + s24 * (u[3] + u[4]);
+    w[1] = s6 * (u[2] - u[1]) + s12 * (u[3] - u[4]);
+    w[2] = -s6 * (u[1] + u[2]) + s6 * (u[3] + u[4]) + u[5];
+  }
+};
+
+// y = F x F^T for a 1-D map F (I -> O): columns first, then rows. x: I x I, y: O x O.
+template <int I, int O, typename T, typename F>
+__device__ __forceinline__ void sandwich(const T (&x)[I][I], T (&y)[O][O], F f) {
+  T tmp[O][I];
+#pragma unroll
+  for (int v = 0; v < I; ++v) {
+    T col[I], res[O];
+#pragma unroll
+    for (int u = 0; u < I; ++u) col[u] = x[u][v];
+    f(col, res);
+#pragma unroll
+    for (int i = 0; i < O; ++i) tmp[i][v] = res[i];
+  }
+#pragma unroll
+  for (int i = 0; i < O; ++i) f(tmp[i], y[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Geometry of one forward-shaped pass (fwd, dgrad on dy, or the tiles of wgrad).
+struct Strides {
+  i64 n, c, sp[3];  // batch, channel, (depth, row, column)
+};
+
+Strides act_strides(bool nhwc, i64 ch, const int64_t* sp) {
+  const i64 pix = sp[0] * sp[1] * sp[2];
+  if (nhwc) return {pix * ch, 1, {sp[1] * sp[2] * ch, sp[2] * ch, ch}};
+  return {ch * pix, pix, {sp[1] * sp[2], sp[2], 1}};
+}
+
+struct Pass {
+  i64 planes, depth;      // planes = N * depth; depth slices are independent
+  i64 H, W, P, Q, pad_h, pad_w;
+  i64 Ci, Co, G;          // pass input / output channels (totals), groups
+  i64 Cig, Cog, Cgp, Kgp; // per group, and padded to kPad
+  i64 th, tw;             // tiles per column and per row of a plane
+  Strides is, os;
+  __host__ __device__ i64 plane_off(const Strides& s, i64 pl) const {
+    return (pl / depth) * s.n + (pl % depth) * s.sp[0];
+  }
+};
+
+Pass make_pass(ConvOp op, const ConvProblem& p, int m) {
+  const bool nhwc = p.layout == Layout::kNHWC;
+  Pass ps{};
+  ps.depth = p.in[0];
+  ps.planes = p.N * p.in[0];
+  ps.G = p.G;
+  if (op == ConvOp::kBackwardData) {
+    ps.H = p.out[1], ps.W = p.out[2], ps.P = p.in[1], ps.Q = p.in[2];
+    ps.pad_h = 2 - p.pad_lo[1], ps.pad_w = 2 - p.pad_lo[2];
+    ps.Ci = p.K, ps.Co = p.C;
+    ps.is = act_strides(nhwc, p.K, p.out);
+    ps.os = act_strides(nhwc, p.C, p.in);
+  } else {
+    ps.H = p.in[1], ps.W = p.in[2], ps.P = p.out[1], ps.Q = p.out[2];
+    ps.pad_h = p.pad_lo[1], ps.pad_w = p.pad_lo[2];
+    ps.Ci = p.C, ps.Co = p.K;
+    ps.is = act_strides(nhwc, p.C, p.in);
+    ps.os = act_strides(nhwc, p.K, p.out);
+  }
+  ps.Cig = ps.Ci / ps.G, ps.Cog = ps.Co / ps.G;
+  ps.Cgp = round_up(ps.Cig, kPad), ps.Kgp = round_up(ps.Cog, kPad);
+  ps.th = ceil_div(ps.P, m), ps.tw = ceil_div(ps.Q, m);
+  return ps;
+}
+
+i64 tiles_of(const Pass& ps) { return ps.planes * ps.th * ps.tw; }
+
+// The CPU's rule: F(4x4) unless the pass output is smaller than 4 on a side.
+int tile_m(ConvOp op, const ConvProblem& p) {
+  const Pass ps = make_pass(op, p, 4);
+  return std::min(ps.P, ps.Q) >= 4 ? 4 : 2;
+}
+
+// The filter of a pass as strides: (group g, pass input channel c, pass output channel k, tap
+// (r, s)) at base + g*sg + c*sc + k*sk + r*sr + s*ss. Backward-data: flipped and channel-swapped.
+struct FilterView {
+  i64 sg, sc, sk, sr, ss, base;
+};
+
+FilterView filter_view(const ConvProblem& p, bool flip_swap) {
+  const i64 Cg = p.Cg(), Kg = p.Kg(), K = p.K;
+  FilterView f = p.layout == Layout::kNHWC ? FilterView{Kg, K, 1, 3 * Cg * K, Cg * K, 0}
+                                           : FilterView{Kg * Cg * 9, 9, Cg * 9, 3, 1, 0};
+  if (flip_swap) {
+    std::swap(f.sc, f.sk);
+    f.base = 2 * f.sr + 2 * f.ss;
+    f.sr = -f.sr;
+    f.ss = -f.ss;
+  }
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transform kernels: one thread per (tile or filter slice, channel).
+// Thread -> (tile tt < ntiles, workspace column col < cols). Channels-last activations: columns
+// fastest, so activation loads and workspace accesses are coalesced along channels. Channels-
+// first: a warp takes 32 consecutive tiles of one channel (its pixel rows are contiguous) and
+// the next warps the next channels, so each 32-byte workspace sector is completed by 8 warps
+// running together.
+__device__ __forceinline__ bool thread_tile(i64 idx, i64 ntiles, i64 cols, bool tiles_fast,
+                                            i64& tt, i64& col) {
+  if (!tiles_fast) {
+    col = idx % cols, tt = idx / cols;
+  } else {
+    const i64 rest = idx / 32;
+    col = rest % cols, tt = rest / cols * 32 + idx % 32;
+  }
+  return tt < ntiles;
+}
+i64 transform_threads(i64 ntiles, i64 cols, bool tiles_fast) {
+  return (tiles_fast ? round_up(ntiles, 32) : ntiles) * cols;
+}
+
+// U[xi][g][c][k] (Cgp x Kgp per (xi, g)), zeros in the pads.
+template <typename T, typename Tc, int M>
+__global__ void __launch_bounds__(kThreads)
+filter_transform_kernel(const T* __restrict__ w, FilterView f, i64 G, i64 Cg, i64 Kg, i64 Cgp,
+                        i64 Kgp, Tc* __restrict__ U) {
+  constexpr int A = Tr<M>::A;
+  const i64 idx = blockIdx.x * i64{kThreads} + threadIdx.x;
+  if (idx >= G * Cgp * Kgp) return;
+  const i64 k = idx % Kgp, c = idx / Kgp % Cgp, g = idx / (Kgp * Cgp);
+  Tc g3[3][3] = {};
+  if (c < Cg && k < Kg) {
+    const T* src = w + f.base + g * f.sg + c * f.sc + k * f.sk;
+#pragma unroll
+    for (int r = 0; r < 3; ++r)
+#pragma unroll
+      for (int s = 0; s < 3; ++s) g3[r][s] = load_as<Tc>(src + r * f.sr + s * f.ss);
+  }
+  Tc u[A][A];
+  sandwich(g3, u, [](const Tc* i, Tc* o) { Tr<M>::g(i, o); });
+  const i64 step = G * Cgp * Kgp;
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < A; ++j) U[(i * A + j) * step + idx] = u[i][j];
+}
+
+// V[xi][tt][g][c] = (BT d BT^T) of tile t0 + tt, for tt < ntr (tiles >= nt and channel pads: 0).
+template <typename T, typename Tc, int M>
+__global__ void __launch_bounds__(kThreads)
+input_transform_kernel(const T* __restrict__ in, Pass ps, i64 t0, i64 nt, i64 ntr, i64 TBr,
+                       Tc* __restrict__ V) {
+  constexpr int A = Tr<M>::A;
+  const i64 cip = ps.G * ps.Cgp;
+  i64 tt, col;
+  if (!thread_tile(blockIdx.x * i64{kThreads} + threadIdx.x, ntr, cip, ps.is.c != 1, tt, col))
+    return;
+  const i64 g = col / ps.Cgp, c = col % ps.Cgp;
+  Tc d[A][A] = {};
+  if (tt < nt && c < ps.Cig) {
+    const i64 t = t0 + tt, pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
+    const T* base = in + ps.plane_off(ps.is, pl) + (g * ps.Cig + c) * ps.is.c;
+    const i64 h0 = ti * M - ps.pad_h, w0 = tj * M - ps.pad_w;
+#pragma unroll
+    for (int u = 0; u < A; ++u) {
+      const i64 h = h0 + u;
+      if (h < 0 || h >= ps.H) continue;
+#pragma unroll
+      for (int v = 0; v < A; ++v) {
+        const i64 x = w0 + v;
+        if (x >= 0 && x < ps.W) d[u][v] = load_as<Tc>(base + h * ps.is.sp[1] + x * ps.is.sp[2]);
+      }
+    }
+  }
+  Tc o[A][A];
+  sandwich(d, o, [](const Tc* i, Tc* r) { Tr<M>::bt(i, r); });
+  Tc* dst = V + tt * cip + col;
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < A; ++j) dst[(i * A + j) * TBr * cip] = o[i][j];
+}
+
+// Dy[xi][tt][g][k] = (AT^T dy_tile AT), the tile zero past the output extent (wgrad).
+template <typename T, typename Tc, int M>
+__global__ void __launch_bounds__(kThreads)
+dy_transform_kernel(const T* __restrict__ dy, Pass ps, i64 t0, i64 nt, i64 ntr, i64 TBr,
+                    Tc* __restrict__ D) {
+  constexpr int A = Tr<M>::A;
+  const i64 cop = ps.G * ps.Kgp;
+  i64 tt, col;
+  if (!thread_tile(blockIdx.x * i64{kThreads} + threadIdx.x, ntr, cop, ps.os.c != 1, tt, col))
+    return;
+  const i64 g = col / ps.Kgp, k = col % ps.Kgp;
+  Tc y[M][M] = {};
+  if (tt < nt && k < ps.Cog) {
+    const i64 t = t0 + tt, pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
+    const T* base = dy + ps.plane_off(ps.os, pl) + (g * ps.Cog + k) * ps.os.c;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const i64 p = ti * M + i;
+      if (p >= ps.P) continue;
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        const i64 q = tj * M + j;
+        if (q < ps.Q) y[i][j] = load_as<Tc>(base + p * ps.os.sp[1] + q * ps.os.sp[2]);
+      }
+    }
+  }
+  Tc o[A][A];
+  sandwich(y, o, [](const Tc* i, Tc* r) { Tr<M>::a(i, r); });
+  Tc* dst = D + tt * cop + col;
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < A; ++j) dst[(i * A + j) * TBr * cop] = o[i][j];
+}
+
+// out tile t0 + tt = AT Mo[.][tt][g][k] AT^T, cropped to P x Q.
+template <typename T, typename Tc, int M>
+__global__ void __launch_bounds__(kThreads)
+output_transform_kernel(const Tc* __restrict__ Mo, Pass ps, i64 t0, i64 nt, i64 TBr,
+                        T* __restrict__ out) {
+  constexpr int A = Tr<M>::A;
+  const i64 cop = ps.G * ps.Kgp;
+  i64 tt, col;
+  if (!thread_tile(blockIdx.x * i64{kThreads} + threadIdx.x, nt, cop, ps.os.c != 1, tt, col))
+    return;
+  const i64 g = col / ps.Kgp, k = col % ps.Kgp;
+  if (k >= ps.Cog) return;
+  Tc m[A][A];
+  const Tc* src = Mo + tt * cop + col;
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < A; ++j) m[i][j] = src[(i * A + j) * TBr * cop];
+  Tc y[M][M];
+  sandwich(m, y, [](const Tc* i, Tc* r) { Tr<M>::at(i, r); });
+  const i64 t = t0 + tt, pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
+  T* base = out + ps.plane_off(ps.os, pl) + (g * ps.Cog + k) * ps.os.c;
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    const i64 p = ti * M + i;
+    if (p >= ps.P) continue;
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      const i64 q = tj * M + j;
+      if (q < ps.Q) store_as(base + p * ps.os.sp[1] + q * ps.os.sp[2], y[i][j]);
+    }
+  }
+}
+
+// dw = G^T (sum_s P[s][.][g][c][k]) G, splits added in order s = 0, 1, ...
+template <typename T, typename Tc, int M>
+__global__ void __launch_bounds__(kThreads)
+filter_grad_kernel(const Tc* __restrict__ Pp, i64 S, i64 G, i64 Cg, i64 Kg, i64 Cgp, i64 Kgp,
+                   bool nhwc, T* __restrict__ dw) {
+  constexpr int A = Tr<M>::A;
+  const i64 idx = blockIdx.x * i64{kThreads} + threadIdx.x;
+  if (idx >= G * Cg * Kg) return;
+  const i64 k = idx % Kg, c = idx / Kg % Cg, g = idx / (Kg * Cg);
+  const i64 point = G * Cgp * Kgp, split = A * A * point;
+  const Tc* src = Pp + (g * Cgp + c) * Kgp + k;
+  Tc m[A][A];
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < A; ++j) {
+      Tc acc = src[(i * A + j) * point];
+      for (i64 s = 1; s < S; ++s) acc += src[s * split + (i * A + j) * point];
+      m[i][j] = acc;
+    }
+  Tc w3[3][3];
+  sandwich(m, w3, [](const Tc* i, Tc* r) { Tr<M>::gt(i, r); });
+  const i64 K = G * Kg;
+#pragma unroll
+  for (int r = 0; r < 3; ++r)
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+      const i64 off = nhwc ? ((r * 3 + s) * Cg + c) * K + g * Kg + k
+                           : ((g * Kg + k) * Cg + c) * 9 + r * 3 + s;
+      store_as(dw + off, w3[r][s]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batched GEMM, SIMT (FFMA / DFMA): C[z] (M x N, row stride ldc) (+)= A[z] (M x K) * B[z] (K x N).
+// A element (m, k) at A[m*lda + k] (row-major) or, A_KMAJOR, at A[k*lda + m]; B (k, n) at
+// B[k*ldb + n]. Batch z = (xi * G + g) * S + s: operand offsets xi*_xi + g*_g + s*_s; split s
+// covers K rows [s*k_split, min(K, (s+1)*k_split)). K and k_split are multiples of BK; M and N
+// rows/columns past their limits are zero-filled on load and not stored (the limits are
+// multiples of the vector width where they bound a vector).
+// Tile: BM = BN = 32 V (128 for fp32, 64 for fp64; V = 16-byte vector width), BK = 8, 256
+// threads, each a 2V x 2V register block (8x8 fp32) split into 2 x 2 sub-blocks BM/2 apart (so
+// a warp's shared-memory vector reads hit distinct banks); A and B double-buffered in shared
+// memory with the next stage's global loads held in registers while this one computes. When
+// N <= BN / 2 a narrow variant takes BN / 2 columns (2V x V per thread).
+struct GemmArgs {
+  const void* A;
+  const void* B;
+  void* C;
+  i64 lda, ldb, ldc;
+  i64 M, N, K, k_split;
+  i64 G, S;
+  i64 a_xi, a_g, a_s, b_xi, b_g, b_s, c_xi, c_g, c_s;
+  i64 mblocks, nblocks;
+  bool accumulate;
+};
+
+template <typename T>
+struct Vec16;
+template <>
+struct Vec16<float> {
+  using type = float4;
+};
+template <>
+struct Vec16<double> {
+  using type = double2;
+};
+
+template <typename T, bool A_KMAJOR, bool WIDE>
+__global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 CTAs per SM
+  // WIDE: BN = BM, 2V x 2V per thread; narrow (N <= 16 V, e.g. 64 fp32 channels): BN = BM / 2,
+  // 2V x V per thread, so that no half of the tile multiplies padding.
+  constexpr int V = 16 / sizeof(T), BM = 32 * V, BN = WIDE ? 32 * V : 16 * V, BK = 8;
+  constexpr int TM = 2 * V, TN = WIDE ? 2 * V : V, kBVecs = BK * BN / V;
+  using VecT = typename Vec16<T>::type;
+  union Pack {
+    VecT v;
+    T e[V];
+  };
+  alignas(16) WINO_SMEM T As[2][BK][BM];
+  alignas(16) WINO_SMEM T Bs[2][BK][BN];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const i64 blk = blockIdx.x;
+  const i64 nb = blk % p.nblocks, mb = blk / p.nblocks % p.mblocks;
+  const i64 z = blk / (p.nblocks * p.mblocks);
+  const i64 s = z % p.S, g = z / p.S % p.G, xi = z / (p.S * p.G);
+  const T* A = static_cast<const T*>(p.A) + xi * p.a_xi + g * p.a_g + s * p.a_s;
+  const T* B = static_cast<const T*>(p.B) + xi * p.b_xi + g * p.b_g + s * p.b_s;
+  T* C = static_cast<T*>(p.C) + xi * p.c_xi + g * p.c_g + s * p.c_s;
+  const i64 m0 = mb * BM, n0 = nb * BN;
+  const int nk = static_cast<int>(std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split)) / BK);
+
+  // Global load assignment: one 16-byte vector of A and one of B per thread per stage.
+  constexpr int kAVecsPerRow = BK / V;
+  const int a_m = A_KMAJOR ? (tid % 32) * V : tid / kAVecsPerRow;
+  const int a_k = A_KMAJOR ? tid / 32 : (tid % kAVecsPerRow) * V;
+  const int b_k = tid / (BN / V), b_n = (tid % (BN / V)) * V;
+  const bool b_loader = tid < kBVecs;  // narrow: half the threads load B
+  const bool a_ok = m0 + a_m < p.M, b_ok = b_loader && n0 + b_n < p.N;
+  const T* a_src = A_KMAJOR ? A + a_k * p.lda + m0 + a_m : A + (m0 + a_m) * p.lda + a_k;
+  const T* b_src = B + b_k * p.ldb + n0 + b_n;
+  const i64 a_step = A_KMAJOR ? BK * p.lda : BK, b_step = BK * p.ldb;
+  Pack ra, rb;
+  auto load_global = [&]() {  // the next BK slice; advances the sources
+    ra.v = a_ok ? *reinterpret_cast<const VecT*>(a_src) : VecT{};
+    rb.v = b_ok ? *reinterpret_cast<const VecT*>(b_src) : VecT{};
+    a_src += a_step, b_src += b_step;
+  };
+  auto store_shared = [&](int buf) {
+    if constexpr (A_KMAJOR) {
+      *reinterpret_cast<VecT*>(&As[buf][a_k][a_m]) = ra.v;
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) As[buf][a_k + j][a_m] = ra.e[j];
+    }
+    if (b_loader) *reinterpret_cast<VecT*>(&Bs[buf][b_k][b_n]) = rb.v;
+  };
+
+  T acc[TM][TN] = {};
+  if (nk > 0) {
+    load_global();
+    store_shared(0);
+  }
+  __syncthreads();
+  for (int kt = 0; kt < nk; ++kt) {
+    const int buf = kt & 1;
+    if (kt + 1 < nk) load_global();
+#pragma unroll
+    for (int k = 0; k < BK; ++k) {
+      Pack a0, a1, b0, b1;
+      a0.v = *reinterpret_cast<const VecT*>(&As[buf][k][ty * V]);
+      a1.v = *reinterpret_cast<const VecT*>(&As[buf][k][BM / 2 + ty * V]);
+      b0.v = *reinterpret_cast<const VecT*>(&Bs[buf][k][tx * V]);
+      if constexpr (WIDE) b1.v = *reinterpret_cast<const VecT*>(&Bs[buf][k][BN / 2 + tx * V]);
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          acc[i][j] += a0.e[i] * b0.e[j];
+          acc[V + i][j] += a1.e[i] * b0.e[j];
+          if constexpr (WIDE) {
+            acc[i][V + j] += a0.e[i] * b1.e[j];
+            acc[V + i][V + j] += a1.e[i] * b1.e[j];
+          }
+        }
+    }
+    if (kt + 1 < nk) store_shared(buf ^ 1);
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    const i64 m = m0 + (i < V ? ty * V + i : BM / 2 + ty * V + i - V);
+    if (m >= p.M) continue;
+#pragma unroll
+    for (int h = 0; h < TN / V; ++h) {
+      const i64 n = n0 + h * (BN / 2) + tx * V;
+      if (n >= p.N) continue;
+      VecT* dst = reinterpret_cast<VecT*>(C + m * p.ldc + n);
+      Pack o;
+      if (p.accumulate) o.v = *dst;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.e[j] = (p.accumulate ? o.e[j] : T(0)) + acc[i][h * V + j];
+      *dst = o.v;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// WINOGRAD (fused) F(2x2,3x3). CTA: 32 tiles (lanes) x 32 pass output channels of one group
+// (8 warps x 4 channels); input channels in blocks of CB (8 fp32 / 4 fp64: 32 KB of shared
+// memory). Per block: each thread transforms one (tile, channel) into Vs, the CTA loads U's
+// slice into Us, then each thread accumulates its 16 points x 4 channels.
+constexpr int kFusedTiles = 32, kFusedK = 32;
+
+template <typename T, typename To, typename Tc>
+__global__ void __launch_bounds__(kThreads, sizeof(Tc) == 4 ? 2 : 1)  // fp32: 2 CTAs per SM
+fused_kernel(const T* __restrict__ in, const Tc* __restrict__ U, Pass ps, i64 tiles,
+             i64 tblocks, i64 kblocks, To* __restrict__ out) {
+  constexpr int CB = 32 / sizeof(Tc), A = 4, A2 = 16, KPT = kFusedK / 8;
+  alignas(16) WINO_SMEM Tc Vs[CB][A2][kFusedTiles];
+  alignas(16) WINO_SMEM Tc Us[CB][A2][kFusedK];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const i64 blk = blockIdx.x;
+  const i64 tb = blk % tblocks, kb = blk / tblocks % kblocks, g = blk / (tblocks * kblocks);
+  const i64 tile0 = tb * kFusedTiles, k0 = kb * kFusedK;
+  // Load role: tile tl, channel cc of the block (threads past CB * 32 idle).
+  const int tl = tid / CB, cc = tid % CB;
+  const i64 lt = tile0 + tl;
+  const bool l_ok = tid < CB * kFusedTiles && lt < tiles;
+  i64 h0 = 0, w0 = 0;
+  const T* base = in;
+  if (l_ok) {
+    const i64 pl = lt / (ps.th * ps.tw), ti = lt / ps.tw % ps.th, tj = lt % ps.tw;
+    base = in + ps.plane_off(ps.is, pl) + g * ps.Cig * ps.is.c;
+    h0 = ti * 2 - ps.pad_h, w0 = tj * 2 - ps.pad_w;
+  }
+  const i64 point = ps.G * ps.Cgp * ps.Kgp;
+  const Tc* Ug = U + g * ps.Cgp * ps.Kgp;
+  Tc acc[A2][KPT] = {};
+  for (i64 c0 = 0; c0 < ps.Cgp; c0 += CB) {
+    if (tid < CB * kFusedTiles) {
+      Tc d[A][A] = {};
+      const i64 c = c0 + cc;
+      if (l_ok && c < ps.Cig) {
+        const T* src = base + c * ps.is.c;
+#pragma unroll
+        for (int u = 0; u < A; ++u) {
+          const i64 h = h0 + u;
+          if (h < 0 || h >= ps.H) continue;
+#pragma unroll
+          for (int v = 0; v < A; ++v) {
+            const i64 x = w0 + v;
+            if (x >= 0 && x < ps.W) d[u][v] = load_as<Tc>(src + h * ps.is.sp[1] + x * ps.is.sp[2]);
+          }
+        }
+      }
+      Tc o[A][A];
+      sandwich(d, o, [](const Tc* i, Tc* r) { Tr<2>::bt(i, r); });
+#pragma unroll
+      for (int i = 0; i < A; ++i)
+#pragma unroll
+        for (int j = 0; j < A; ++j) Vs[cc][i * A + j][tl] = o[i][j];
+    }
+    for (int e = tid; e < CB * A2 * kFusedK; e += kThreads) {
+      const int kk = e % kFusedK, xi = e / kFusedK % A2, c = e / (kFusedK * A2);
+      const i64 k = k0 + kk;
+      // c0 + c < Cgp always (Cgp is a multiple of CB); columns past Kgp are zero.
+      Us[c][xi][kk] = k < ps.Kgp ? Ug[xi * point + (c0 + c) * ps.Kgp + k] : Tc(0);
+    }
+    __syncthreads();
+#pragma unroll 2
+    for (int c = 0; c < CB; ++c)
+#pragma unroll
+      for (int xi = 0; xi < A2; ++xi) {
+        const Tc v = Vs[c][xi][lane];
+#pragma unroll
+        for (int j = 0; j < KPT; ++j) acc[xi][j] += v * Us[c][xi][warp * KPT + j];
+      }
+    __syncthreads();
+  }
+  const i64 t = tile0 + lane;
+  if (t >= tiles) return;
+  const i64 pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
+#pragma unroll
+  for (int j = 0; j < KPT; ++j) {
+    const i64 k = k0 + warp * KPT + j;
+    if (k >= ps.Cog) continue;
+    Tc m[A][A], y[2][2];
+#pragma unroll
+    for (int xi = 0; xi < A2; ++xi) m[xi / A][xi % A] = acc[xi][j];
+    sandwich(m, y, [](const Tc* i, Tc* r) { Tr<2>::at(i, r); });
+    To* dst = out + ps.plane_off(ps.os, pl) + (g * ps.Cog + k) * ps.os.c;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const i64 p = ti * 2 + i;
+      if (p >= ps.P) continue;
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const i64 q = tj * 2 + jj;
+        if (q < ps.Q) store_as(dst + p * ps.os.sp[1] + q * ps.os.sp[2], y[i][jj]);
+      }
+    }
+  }
+}
+
+// WINOGRAD (fused) F(2x2,3x3) backward-filter. CTA: (slice s of the tiles, group g, 32 input
+// channels (lanes), 32 output channels (8 warps x 4)). Per block of TBt tiles (8 fp32 / 4 fp64)
+// each thread transforms one (tile, input channel) of x into Vs and one (tile, output channel)
+// of dy into Ds (Dy = AT^T dy AT), then accumulates the 16 per-point products over the tiles
+// in registers; the slice's sums go to P[s][xi][g][c][k] and filter_grad_kernel adds the
+// slices in order (deterministic) before dw = G^T (.) G.
+template <typename T, typename Tc>
+__global__ void __launch_bounds__(kThreads, sizeof(Tc) == 4 ? 2 : 1)
+fused_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, Pass ps, i64 tiles,
+                   i64 per_slice, i64 cblocks, i64 kblocks, Tc* __restrict__ P) {
+  constexpr int TBt = 32 / sizeof(Tc), A = 4, A2 = 16, KPT = 4;
+  alignas(16) WINO_SMEM Tc Vs[TBt][A2][32];
+  alignas(16) WINO_SMEM Tc Ds[TBt][A2][32];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const i64 blk = blockIdx.x;
+  const i64 kb = blk % kblocks, cb = blk / kblocks % cblocks;
+  const i64 g = blk / (kblocks * cblocks) % ps.G, s = blk / (kblocks * cblocks * ps.G);
+  const i64 c0 = cb * 32, k0 = kb * 32;
+  const i64 t_begin = s * per_slice, t_end = std::min(tiles, t_begin + per_slice);
+  // Load role: tile tl of the block, channel ch (input channel for x, output channel for dy).
+  const int tl = tid / 32, ch = tid % 32;
+  const bool loader = tid < TBt * 32;
+  const bool c_ok = c0 + ch < ps.Cig, k_ok = k0 + ch < ps.Cog;
+  Tc acc[A2][KPT] = {};
+  for (i64 tb = t_begin; tb < t_end; tb += TBt) {
+    if (loader) {
+      const i64 t = tb + tl;
+      Tc d[A][A] = {}, y[2][2] = {};
+      if (t < t_end) {
+        const i64 pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
+        if (c_ok) {
+          const T* src = x + ps.plane_off(ps.is, pl) + (g * ps.Cig + c0 + ch) * ps.is.c;
+          const i64 h0 = ti * 2 - ps.pad_h, w0 = tj * 2 - ps.pad_w;
+#pragma unroll
+          for (int u = 0; u < A; ++u) {
+            const i64 h = h0 + u;
+            if (h < 0 || h >= ps.H) continue;
+#pragma unroll
+            for (int v = 0; v < A; ++v) {
+              const i64 w = w0 + v;
+              if (w >= 0 && w < ps.W)
+                d[u][v] = load_as<Tc>(src + h * ps.is.sp[1] + w * ps.is.sp[2]);
+            }
+          }
+        }
+        if (k_ok) {
+          const T* src = dy + ps.plane_off(ps.os, pl) + (g * ps.Cog + k0 + ch) * ps.os.c;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const i64 pp = ti * 2 + i;
+            if (pp >= ps.P) continue;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const i64 q = tj * 2 + j;
+              if (q < ps.Q) y[i][j] = load_as<Tc>(src + pp * ps.os.sp[1] + q * ps.os.sp[2]);
+            }
+          }
+        }
+      }
+      Tc v[A][A], e[A][A];
+      sandwich(d, v, [](const Tc* i, Tc* r) { Tr<2>::bt(i, r); });
+      sandwich(y, e, [](const Tc* i, Tc* r) { Tr<2>::a(i, r); });
+#pragma unroll
+      for (int i = 0; i < A; ++i)
+#pragma unroll
+        for (int j = 0; j < A; ++j) {
+          Vs[tl][i * A + j][ch] = v[i][j];
+          Ds[tl][i * A + j][ch] = e[i][j];
+        }
+    }
+    __syncthreads();
+#pragma unroll 2
+    for (int t = 0; t < TBt; ++t)
+#pragma unroll
+      for (int xi = 0; xi < A2; ++xi) {
+        const Tc v = Vs[t][xi][lane];
+#pragma unroll
+        for (int j = 0; j < KPT; ++j) acc[xi][j] += v * Ds[t][xi][warp * KPT + j];
+      }
+    __syncthreads();
+  }
+  const i64 c = c0 + lane;
+  if (c >= ps.Cig) return;
+  Tc* dst = P + ((s * A2 * ps.G + g) * ps.Cgp + c) * ps.Kgp;
+  const i64 point = ps.G * ps.Cgp * ps.Kgp;
+#pragma unroll
+  for (int j = 0; j < KPT; ++j) {
+    const i64 k = k0 + warp * KPT + j;
+    if (k >= ps.Cog) continue;
+#pragma unroll
+    for (int xi = 0; xi < A2; ++xi) dst[xi * point + k] = acc[xi][j];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+std::string launch_error(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return "";
+  return std::string("WINOGRAD ") + what + " launch failed: " + cudaGetErrorString(e);
+}
+
+i64 blocks_for(i64 threads) { return ceil_div(threads, kThreads); }
+
+size_t tc_bytes(DType in) { return in == DType::kF64 ? 8 : 4; }
+
+// Tiles per chunk of a NONFUSED pass (see the header comment). JAXDNN_WINO_CHUNK_TILES=n forces
+// n (a test hook: the checker runs the multi-chunk paths on small problems).
+i64 chunk_tiles(const Pass& ps, int a, size_t tc) {
+  static const i64 forced = [] {
+    const char* v = std::getenv("JAXDNN_WINO_CHUNK_TILES");
+    return v != nullptr ? std::max<i64>(0, std::atoll(v)) : i64{0};
+  }();
+  const i64 per_tile = i64{a} * a * ps.G * (ps.Cgp + ps.Kgp) * static_cast<i64>(tc);
+  const i64 tb = forced > 0 ? forced : std::max<i64>(256, kChunkBytes / std::max<i64>(per_tile, 1));
+  return std::max<i64>(1, std::min(tiles_of(ps), tb));
+}
+
+// Split count of the backward-filter GEMM and rows (tiles) per split of a chunk of TB tiles.
+i64 wgrad_splits(const Pass& ps, int a, i64 TB, size_t tc) {
+  const i64 bm = 32 * static_cast<i64>(16 / tc);
+  const i64 ctas = ceil_div(ps.Cgp, bm) * ceil_div(ps.Kgp, bm) * a * a * ps.G;
+  i64 s = std::min(kMaxSplits, ceil_div(kWgradTargetCtas, ctas));
+  s = std::min(s, std::max<i64>(1, round_up(TB, kPad) / 128));  // at least ~128 tiles per split
+  return std::max<i64>(1, s);
+}
+
+std::string unsupported(const ConvProblem& p) {
+  if (p.filt[0] != 1 || p.filt[1] != 3 || p.filt[2] != 3)
+    return "Winograd kernels need a 2-D 3x3 filter (got " + std::to_string(p.filt[1]) + "x" +
+           std::to_string(p.filt[2]) +
+           (p.filt[0] != 1 ? " with depth " + std::to_string(p.filt[0]) : "") + ")";
+  for (int a = 0; a < 3; ++a) {
+    if (p.stride[a] != 1) return "Winograd kernels need window_strides 1";
+    if (p.dilation[a] != 1) return "Winograd kernels need rhs_dilation 1";
+    if (p.lhs_dilation[a] != 1) return "Winograd kernels need lhs_dilation 1";
+  }
+  if (p.pad_lo[0] != 0 || p.pad_hi[0] != 0) return "Winograd kernels cannot pad the depth axis";
+  return "";
+}
+
+template <typename Tc>
+void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st) {
+  constexpr i64 bm = 32 * (16 / sizeof(Tc));
+  const bool wide = a0.N > bm / 2;
+  GemmArgs a = a0;
+  a.mblocks = ceil_div(a.M, bm);
+  a.nblocks = ceil_div(a.N, wide ? bm : bm / 2);
+  const i64 grid = a.mblocks * a.nblocks * points * a.G * a.S;
+  if (a_kmajor && wide) gemm_kernel<Tc, true, true><<<grid, kThreads, 0, st>>>(a);
+  else if (a_kmajor) gemm_kernel<Tc, true, false><<<grid, kThreads, 0, st>>>(a);
+  else if (wide) gemm_kernel<Tc, false, true><<<grid, kThreads, 0, st>>>(a);
+  else gemm_kernel<Tc, false, false><<<grid, kThreads, 0, st>>>(a);
+}
+
+template <typename T, typename Tc, int M>
+std::string filter_transform(const T* w, const ConvProblem& p, const Pass& ps, bool flip,
+                             Tc* U, cudaStream_t st) {
+  const i64 n = ps.G * ps.Cgp * ps.Kgp;
+  filter_transform_kernel<T, Tc, M><<<blocks_for(n), kThreads, 0, st>>>(
+      w, filter_view(p, flip), ps.G, ps.Cig, ps.Cog, ps.Cgp, ps.Kgp, U);
+  return launch_error("filter transform");
+}
+
+// NONFUSED forward-shaped pass (forward, or backward-data on dy).
+template <typename T, typename To, typename Tc, int M>
+std::string nonfused_pass(const CudaConvCall& c, const CudaConvBuffers& io) {
+  constexpr int A = M + 2, A2 = A * A;
+  const ConvProblem& p = c.problem;
+  const Pass ps = make_pass(c.op, p, M);
+  const i64 tiles = tiles_of(ps);
+  if (tiles == 0 || ps.P == 0 || ps.Q == 0) return "";
+  const i64 TB = chunk_tiles(ps, A, sizeof(Tc)), TBr = round_up(TB, kPad);
+  const i64 cip = ps.G * ps.Cgp, cop = ps.G * ps.Kgp;
+  Tc* U = static_cast<Tc*>(io.workspace);
+  Tc* V = U + A2 * ps.G * ps.Cgp * ps.Kgp;
+  Tc* Mo = V + A2 * TBr * cip;
+  cudaStream_t st = io.stream;
+  if (std::string e = filter_transform<T, Tc, M>(static_cast<const T*>(io.b), p, ps,
+                                                 c.op == ConvOp::kBackwardData, U, st);
+      !e.empty())
+    return e;
+  GemmArgs ga{};
+  ga.A = V, ga.B = U, ga.C = Mo;
+  ga.lda = cip, ga.ldb = ps.Kgp, ga.ldc = cop;
+  ga.N = ps.Kgp, ga.K = ps.Cgp, ga.k_split = ps.Cgp;
+  ga.G = ps.G, ga.S = 1;
+  ga.a_xi = TBr * cip, ga.a_g = ps.Cgp;
+  ga.b_xi = ps.G * ps.Cgp * ps.Kgp, ga.b_g = ps.Cgp * ps.Kgp;
+  ga.c_xi = TBr * cop, ga.c_g = ps.Kgp;
+  for (i64 t0 = 0; t0 < tiles; t0 += TB) {
+    const i64 nt = std::min(TB, tiles - t0);
+    const i64 in_threads = transform_threads(nt, cip, ps.is.c != 1);
+    input_transform_kernel<T, Tc, M><<<blocks_for(in_threads), kThreads, 0, st>>>(
+        static_cast<const T*>(io.a), ps, t0, nt, nt, TBr, V);
+    if (std::string e = launch_error("input transform"); !e.empty()) return e;
+    ga.M = nt;
+    gemm_launch<Tc>(ga, A2, false, st);
+    if (std::string e = launch_error("batched GEMM"); !e.empty()) return e;
+    const i64 out_threads = transform_threads(nt, cop, ps.os.c != 1);
+    output_transform_kernel<To, Tc, M><<<blocks_for(out_threads), kThreads, 0, st>>>(
+        Mo, ps, t0, nt, TBr, static_cast<To*>(io.out));
+    if (std::string e = launch_error("output transform"); !e.empty()) return e;
+  }
+  return "";
+}
+
+template <typename T, typename To, typename Tc, int M>
+std::string nonfused_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
+  constexpr int A = M + 2, A2 = A * A;
+  const ConvProblem& p = c.problem;
+  const Pass ps = make_pass(ConvOp::kBackwardFilter, p, M);
+  const i64 tiles = tiles_of(ps);
+  cudaStream_t st = io.stream;
+  if (tiles == 0 || ps.P == 0 || ps.Q == 0) {
+    const cudaError_t e = cudaMemsetAsync(io.out, 0, p.w_elems() * sizeof(To), st);
+    if (e != cudaSuccess) return std::string("WINOGRAD zero fill failed: ") + cudaGetErrorString(e);
+    return "";
+  }
+  const i64 TB = chunk_tiles(ps, A, sizeof(Tc)), TBr = round_up(TB, kPad);
+  const i64 S = wgrad_splits(ps, A, TB, sizeof(Tc));
+  const i64 cip = ps.G * ps.Cgp, cop = ps.G * ps.Kgp;
+  Tc* Pp = static_cast<Tc*>(io.workspace);  // [S][A2][G][Cgp][Kgp]
+  Tc* V = Pp + S * A2 * ps.G * ps.Cgp * ps.Kgp;
+  Tc* D = V + A2 * TBr * cip;
+  GemmArgs ga{};
+  ga.A = V, ga.B = D, ga.C = Pp;
+  ga.lda = cip, ga.ldb = cop, ga.ldc = ps.Kgp;
+  ga.M = ps.Cgp, ga.N = ps.Kgp;
+  ga.G = ps.G, ga.S = S;
+  ga.a_xi = TBr * cip, ga.a_g = ps.Cgp;
+  ga.b_xi = TBr * cop, ga.b_g = ps.Kgp;
+  ga.c_xi = ps.G * ps.Cgp * ps.Kgp, ga.c_g = ps.Cgp * ps.Kgp, ga.c_s = A2 * ga.c_xi;
+  for (i64 t0 = 0; t0 < tiles; t0 += TB) {
+    const i64 nt = std::min(TB, tiles - t0), ntr = round_up(nt, kPad);
+    const i64 in_threads = transform_threads(ntr, cip, ps.is.c != 1);
+    input_transform_kernel<T, Tc, M><<<blocks_for(in_threads), kThreads, 0, st>>>(
+        static_cast<const T*>(io.a), ps, t0, nt, ntr, TBr, V);
+    if (std::string e = launch_error("input transform"); !e.empty()) return e;
+    const i64 dy_threads = transform_threads(ntr, cop, ps.os.c != 1);
+    dy_transform_kernel<T, Tc, M><<<blocks_for(dy_threads), kThreads, 0, st>>>(
+        static_cast<const T*>(io.b), ps, t0, nt, ntr, TBr, D);
+    if (std::string e = launch_error("dy transform"); !e.empty()) return e;
+    // Each split's partial accumulates over the chunks (first chunk overwrites).
+    ga.K = ntr;
+    ga.k_split = round_up(ceil_div(ntr, S), kPad);
+    ga.a_s = ga.k_split * cip, ga.b_s = ga.k_split * cop;
+    ga.accumulate = t0 > 0;
+    gemm_launch<Tc>(ga, A2, true, st);
+    if (std::string e = launch_error("batched GEMM"); !e.empty()) return e;
+  }
+  filter_grad_kernel<To, Tc, M><<<blocks_for(ps.G * ps.Cig * ps.Cog), kThreads, 0, st>>>(
+      Pp, S, ps.G, ps.Cig, ps.Cog, ps.Cgp, ps.Kgp, p.layout == Layout::kNHWC,
+      static_cast<To*>(io.out));
+  return launch_error("filter gradient transform");
+}
+
+template <typename T, typename To, typename Tc>
+std::string fused_pass(const CudaConvCall& c, const CudaConvBuffers& io) {
+  const ConvProblem& p = c.problem;
+  const Pass ps = make_pass(c.op, p, 2);
+  const i64 tiles = tiles_of(ps);
+  if (tiles == 0 || ps.P == 0 || ps.Q == 0) return "";
+  Tc* U = static_cast<Tc*>(io.workspace);
+  cudaStream_t st = io.stream;
+  if (std::string e = filter_transform<T, Tc, 2>(static_cast<const T*>(io.b), p, ps,
+                                                 c.op == ConvOp::kBackwardData, U, st);
+      !e.empty())
+    return e;
+  const i64 tblocks = ceil_div(tiles, kFusedTiles), kblocks = ceil_div(ps.Cog, kFusedK);
+  fused_kernel<T, To, Tc><<<tblocks * kblocks * ps.G, kThreads, 0, st>>>(
+      static_cast<const T*>(io.a), U, ps, tiles, tblocks, kblocks, static_cast<To*>(io.out));
+  return launch_error("fused");
+}
+
+// Tile slices of the fused backward-filter: {slices, tiles per slice}. Slices multiply the CTAs
+// up to about kWgradTargetCtas, each slice keeping at least 64 tiles; at most 64 slices.
+struct SlicePlan {
+  i64 slices, per_slice;
+};
+SlicePlan fused_wgrad_plan(const Pass& ps, size_t tc) {
+  const i64 tbt = 32 / static_cast<i64>(tc), tiles = tiles_of(ps);
+  const i64 ctas = ps.G * ceil_div(ps.Cig, 32) * ceil_div(ps.Cog, 32);
+  const i64 want = std::clamp<i64>(ceil_div(kWgradTargetCtas, ctas), 1,
+                                   std::clamp<i64>(tiles / 64, 1, 64));
+  const i64 per_slice = round_up(ceil_div(tiles, want), tbt);
+  return {ceil_div(tiles, per_slice), per_slice};
+}
+
+template <typename T, typename To, typename Tc>
+std::string fused_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
+  const ConvProblem& p = c.problem;
+  const Pass ps = make_pass(ConvOp::kBackwardFilter, p, 2);
+  const i64 tiles = tiles_of(ps);
+  cudaStream_t st = io.stream;
+  if (tiles == 0 || ps.P == 0 || ps.Q == 0) {
+    const cudaError_t e = cudaMemsetAsync(io.out, 0, p.w_elems() * sizeof(To), st);
+    if (e != cudaSuccess) return std::string("WINOGRAD zero fill failed: ") + cudaGetErrorString(e);
+    return "";
+  }
+  const SlicePlan sp = fused_wgrad_plan(ps, sizeof(Tc));
+  const i64 cblocks = ceil_div(ps.Cig, 32), kblocks = ceil_div(ps.Cog, 32);
+  Tc* P = static_cast<Tc*>(io.workspace);  // [slices][16][G][Cgp][Kgp]
+  fused_wgrad_kernel<T, Tc><<<sp.slices * ps.G * cblocks * kblocks, kThreads, 0, st>>>(
+      static_cast<const T*>(io.a), static_cast<const T*>(io.b), ps, tiles, sp.per_slice,
+      cblocks, kblocks, P);
+  if (std::string e = launch_error("fused backward-filter"); !e.empty()) return e;
+  filter_grad_kernel<To, Tc, 2><<<blocks_for(ps.G * ps.Cig * ps.Cog), kThreads, 0, st>>>(
+      P, sp.slices, ps.G, ps.Cig, ps.Cog, ps.Cgp, ps.Kgp, p.layout == Layout::kNHWC,
+      static_cast<To*>(io.out));
+  return launch_error("filter gradient transform");
+}
+
+template <typename T, typename To, typename Tc>
+std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
+  if (c.algo == ConvAlgo::kWinograd)
+    return c.op == ConvOp::kBackwardFilter ? fused_wgrad<T, To, Tc>(c, io)
+                                           : fused_pass<T, To, Tc>(c, io);
+  const bool m4 = tile_m(c.op, c.problem) == 4;
+  if (c.op == ConvOp::kBackwardFilter)
+    return m4 ? nonfused_wgrad<T, To, Tc, 4>(c, io) : nonfused_wgrad<T, To, Tc, 2>(c, io);
+  return m4 ? nonfused_pass<T, To, Tc, 4>(c, io) : nonfused_pass<T, To, Tc, 2>(c, io);
+}
+
+}  // namespace
+
+std::string winograd_can_implement(const CudaConvCall& c) {
+  const ConvProblem& p = c.problem;
+  if (std::string why = unsupported(p); !why.empty()) return why;
+  // Launch geometry: the batched GEMM's grid is a*a * G * splits * tile blocks (1-D, < 2^31).
+  if (p.G > 50000) return "Winograd kernels support at most 50000 groups";
+  return "";
+}
+
+size_t winograd_workspace_bytes(const CudaConvCall& c) {
+  if (!winograd_can_implement(c).empty()) return 0;
+  const ConvProblem& p = c.problem;
+  const size_t tc = tc_bytes(c.in);
+  if (c.algo == ConvAlgo::kWinograd) {
+    const Pass ps = make_pass(c.op, p, 2);
+    if (tiles_of(ps) == 0 || ps.P == 0 || ps.Q == 0) return 0;
+    const i64 slices = c.op == ConvOp::kBackwardFilter ? fused_wgrad_plan(ps, tc).slices : 1;
+    return static_cast<size_t>(slices * 16 * ps.G * ps.Cgp * ps.Kgp) * tc;
+  }
+  const int m = tile_m(c.op, p), a = m + 2;
+  const Pass ps = make_pass(c.op, p, m);
+  if (tiles_of(ps) == 0 || ps.P == 0 || ps.Q == 0) return 0;
+  const i64 TB = chunk_tiles(ps, a, tc), TBr = round_up(TB, kPad);
+  const i64 S = c.op == ConvOp::kBackwardFilter ? wgrad_splits(ps, a, TB, tc) : 1;
+  const i64 elems = i64{a} * a * ps.G * (S * ps.Cgp * ps.Kgp + TBr * (ps.Cgp + ps.Kgp));
+  return static_cast<size_t>(elems) * tc;
+}
+
+std::string winograd_run(const CudaConvCall& c, const CudaConvBuffers& io) {
+  if (!io.epi.empty()) return "Winograd kernels do not carry a fused epilogue";
+  const DType in = c.in, out = c.out;
+  if (in == DType::kF32) return run_typed<float, float, float>(c, io);
+  if (in == DType::kF64) return run_typed<double, double, double>(c, io);
+  if (in == DType::kBF16)
+    return out == DType::kF32 ? run_typed<__nv_bfloat16, float, float>(c, io)
+                              : run_typed<__nv_bfloat16, __nv_bfloat16, float>(c, io);
+  if (in == DType::kF16)
+    return out == DType::kF32 ? run_typed<__half, float, float>(c, io)
+                              : run_typed<__half, __half, float>(c, io);
+  return "Winograd: unsupported dtype";
+}
+
+}  // namespace jaxdnn::cuda

@@ -1,0 +1,102 @@
+// Emulated CUDA runtime for running conv_winograd.cu's kernels on the host (../emulate.sh).
+// A launch starts blockDim threads once; they run the blocks one after another, meeting at a
+// real barrier for __syncthreads and at the end of each block. Shared arrays are function-static
+// (WINO_SMEM), so the threads of the running block share them. "Device" memory is malloc'd host
+// memory, so AddressSanitizer checks every kernel access and UBSan the vector alignments.
+// Not a CUDA: only what conv_winograd.cu and check.cu use.
+#pragma once
+
+#include <barrier>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+struct dim3 {
+  unsigned int x, y, z;
+  dim3(unsigned long long x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1)
+      : x(static_cast<unsigned int>(x_)), y(y_), z(z_) {}
+};
+
+using cudaError_t = int;
+constexpr cudaError_t cudaSuccess = 0;
+constexpr cudaError_t cudaErrorInvalidConfiguration = 9;
+constexpr cudaError_t cudaErrorMemoryAllocation = 2;
+using cudaStream_t = void*;
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+
+namespace emu {
+inline thread_local dim3 thread_idx, block_idx;
+inline std::barrier<>* block_barrier = nullptr;
+inline cudaError_t last_error = cudaSuccess;
+
+template <typename... P, typename... A>
+void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t smem, cudaStream_t,
+            A... args) {
+  if (grid == 0 || grid > 0x7fffffffull || block <= 0 || block > 1024 || smem != 0) {
+    std::fprintf(stderr, "emu: invalid launch grid %llu block %d smem %zu\n", grid, block, smem);
+    last_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  std::barrier<> bar(block);
+  block_barrier = &bar;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < block; ++t)
+    pool.emplace_back([&, t] {
+      thread_idx = dim3(t);
+      for (unsigned long long b = 0; b < grid; ++b) {
+        block_idx = dim3(b);
+        kernel(args...);
+        bar.arrive_and_wait();  // the block is done before the next one starts
+      }
+    });
+  for (auto& th : pool) th.join();
+  block_barrier = nullptr;
+}
+}  // namespace emu
+
+#define threadIdx (emu::thread_idx)
+#define blockIdx (emu::block_idx)
+
+inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
+
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t e = emu::last_error;
+  emu::last_error = cudaSuccess;
+  return e;
+}
+inline const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no error" : "emulated launch error";
+}
+inline cudaError_t cudaMalloc(void** p, size_t n) {
+  *p = std::aligned_alloc(256, (n + 255) / 256 * 256);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+  std::memcpy(dst, src, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemset(void* dst, int v, size_t n) {
+  std::memset(dst, v, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* dst, int v, size_t n, cudaStream_t) {
+  return cudaMemset(dst, v, n);
+}
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Runs on the GPU machine from anywhere: bash tests/cuda/winograd/run.sh [OUTDIR]
+# Builds the standalone Winograd check (conv_winograd.cu alone), checks WINOGRAD_NONFUSED and
+# WINOGRAD against an fp64 reference (every dtype, fwd/dgrad/wgrad, many geometries), once more
+# with forced small chunks (the multi-chunk paths), memcheck/racecheck on the quick subset, and
+# prints the BENCH table (median of 20 launches). Logs go to OUTDIR. About 2 minutes.
+cd "$(dirname "$0")/../../.."
+O=${1:-${OUT:-/tmp/out}}; mkdir -p "$O"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$O/info.txt"
+t0=$SECONDS
+B=$O/wino_check
+nvcc -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 --expt-relaxed-constexpr -lineinfo \
+  -Xptxas -v -I ffi/include -I ffi/cuda tests/cuda/winograd/check.cu ffi/cuda/conv_winograd.cu \
+  -o "$B" > "$O/build.txt" 2>&1 || { grep -v "ptxas info" "$O/build.txt" | head -50; exit 1; }
+echo "build $((SECONDS-t0)) s"
+grep -A2 "Compiling entry.*\(gemm\|fused\)_kernel" "$O/build.txt" | grep -E "Used|spill" |
+  sort | uniq -c
+t1=$SECONDS
+BENCH_CSV=$O/bench.csv timeout 150 "$B" full bench > "$O/check.txt" 2>&1; check_rc=$?
+echo "check rc=$check_rc $((SECONDS-t1)) s"
+grep -v "^ok" "$O/check.txt" | grep -v "^BENCH" | head -60
+t1=$SECONDS
+JAXDNN_WINO_CHUNK_TILES=7 timeout 60 "$B" quick > "$O/check_chunks.txt" 2>&1; chunk_rc=$?
+echo "check (7-tile chunks) rc=$chunk_rc $((SECONDS-t1)) s"
+grep -v "^ok" "$O/check_chunks.txt" | head -20
+echo "---- timings (fp32 NCHW cuDNN WINOGRAD_NONFUSED vgg_c3_2 0.93 ms, r50_c3_3x3 0.131 ms;"
+echo "     lax HIGHEST vgg_c3_2 2.78 ms)"
+grep "^BENCH" "$O/check.txt"
+t1=$SECONDS
+timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$B" quick > "$O/memcheck.txt" 2>&1
+mem_rc=$?; echo "memcheck rc=$mem_rc $((SECONDS-t1)) s"; tail -2 "$O/memcheck.txt"
+t1=$SECONDS
+WINO_DTYPES=f32 timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$B" quick \
+  > "$O/racecheck.txt" 2>&1
+race_rc=$?; echo "racecheck rc=$race_rc $((SECONDS-t1)) s"; tail -2 "$O/racecheck.txt"
+echo "total $((SECONDS-t0)) s"
+[ "$check_rc" = 0 ] && [ "$chunk_rc" = 0 ] && [ "$mem_rc" = 0 ] && [ "$race_rc" = 0 ]
