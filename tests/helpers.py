@@ -25,7 +25,7 @@ GENERAL_FAMILIES = (
     jaxdnn.ConvAlgo.IMPLICIT_PRECOMP_GEMM,
 )
 # The families with CPU kernels (all eight): the general ones, WINOGRAD_NONFUSED (2-D 3x3 filters,
-# stride 1, no dilation), WINOGRAD (the same geometry; forward and backward-data only), FFT and
+# stride 1, no dilation), WINOGRAD (the same geometry), FFT and
 # FFT_TILING (stride 1, no dilation, any filter). Tests skip the problems a family refuses through
 # require_supported.
 FAMILIES = (*GENERAL_FAMILIES, jaxdnn.ConvAlgo.WINOGRAD_NONFUSED, jaxdnn.ConvAlgo.WINOGRAD,

@@ -2,7 +2,7 @@
 GPU: tile edge cases, both tile sizes, float32 error, refusals.
 
 WINOGRAD_NONFUSED uses F(4x4, 3x3) unless the output of a pass is smaller than 4 on a side, where
-it uses F(2x2, 3x3); WINOGRAD (fused, forward and backward-data) always F(2x2, 3x3). Images
+it uses F(2x2, 3x3); WINOGRAD (fused) always F(2x2, 3x3). Images
 smaller than a tile, sizes that are not multiples of the tile, negative and
 asymmetric padding (tiles reading past the image), groups, channel counts 1 and 3, depth slices of
 a 3-D problem and chunked tile loops (a float64 problem bigger than one chunk) are covered below,
@@ -50,12 +50,9 @@ CASES = [
 PARAMS = [pytest.param(c, id=c.id) for c in CASES]
 
 
-def _vjp_all(conv, with_filter=True):
-  """(y, dx, dw) of conv at (x, w) with cotangent ct; (y, dx) when not with_filter."""
+def _vjp_all(conv):
+  """(y, dx, dw) of conv at (x, w) with cotangent ct."""
   def f(x, w, ct):
-    if not with_filter:
-      y, vjp = jax.vjp(lambda x: conv(x, w), x)
-      return (y, *vjp(ct))
     y, vjp = jax.vjp(conv, x, w)
     return (y, *vjp(ct))
   return f
@@ -66,21 +63,19 @@ def _check_all_ops(case, dtype, seed=0, algo=WINO):
   w = rand(case.rhs, dtype, seed=seed + 1)
   ref = functools.partial(lax_conv_hi, **case.kwargs())
   ct = rand(jax.eval_shape(ref, x, w).shape, dtype, seed=seed + 2)
-  # WINOGRAD has no backward-filter kernel on the CPU (it has one in CUDA)
-  with_filter = algo == WINO or LOWERING_PLATFORM != "cpu"
   # HIGHEST: on the GPU the float32 bound is then the Winograd one (1e-5), not TF32's.
   mine = _vjp_all(functools.partial(jaxdnn.conv, **case.kwargs(), algo=algo,
-                                    precision=jax.lax.Precision.HIGHEST), with_filter)
+                                    precision=jax.lax.Precision.HIGHEST))
   require_supported(algo, mine, x, w, ct)
   got = mine(x, w, ct)
-  want = _vjp_all(ref, with_filter)(x.astype(F64), w.astype(F64), ct.astype(F64))
+  want = _vjp_all(ref)(x.astype(F64), w.astype(F64), ct.astype(F64))
   errors = {}
   for name, a, b in zip(("forward", "backward-data", "backward-filter"), got, want):
     assert a.dtype == dtype
     assert_close(a, b, tolerance(dtype, precision=jax.lax.Precision.HIGHEST, algo=algo),
                  f"{case.id} {algo.name} {name}")
     errors[name] = float(np.linalg.norm(np.asarray(a, F64) - b) / max(np.linalg.norm(b), 1e-300))
-  assert len(errors) == (3 if with_filter else 2)
+  assert len(errors) == 3
   return errors
 
 
@@ -110,16 +105,21 @@ def test_fused_many_tile_blocks():
     _check_all_ops(case, dtype, algo=FUSED)
 
 
-def test_fused_refuses_backward_filter():
-  if LOWERING_PLATFORM != "cpu":
-    pytest.skip("the CUDA WINOGRAD has a backward-filter kernel")
-  case = CASES[3]
-  x, w = rand(case.lhs, F32), rand(case.rhs, F32)
-  conv = functools.partial(jaxdnn.conv, **case.kwargs(), algo=FUSED)
-  with pytest.raises(ValueError, match="WINOGRAD has no backward-filter kernel") as info:
-    jax.grad(lambda w: jnp.sum(conv(x, w)))(w)
-  listed = _listed(str(info.value))
-  assert WINO.name in listed and "DIRECT" in listed and FUSED.name not in listed
+def test_fused_backward_filter_slices():
+  """The fused backward-filter's tile slices: more tile blocks than slices (several blocks per
+  slice), a slice count set by the accumulator memory cap (many channels), groups; and the
+  result is the same bitwise on a second call (slices are added in a fixed order)."""
+  cases = [
+      Case("fused-wgrad-blocks", (5, 30, 31, 6), (3, 3, 6, 5), (1, 1), "SAME", dnums=NHWC),
+      Case("fused-wgrad-groups-nchw", (2, 8, 20, 17), (12, 4, 3, 3), (1, 1), ((0, 2), (1, 0)),
+           dnums=NCHW, fgc=2),
+  ]
+  for case in cases:
+    _check_all_ops(case, F32, algo=FUSED)
+    x, w = rand(case.lhs, F32, seed=5), rand(case.rhs, F32, seed=6)
+    conv = functools.partial(jaxdnn.conv, **case.kwargs(), algo=FUSED)
+    dw = jax.jit(jax.grad(lambda w: jnp.sum(conv(x, w) ** 2)))
+    np.testing.assert_array_equal(np.asarray(dw(w)), np.asarray(dw(w)))
 
 
 def test_chunked_tile_loop_float64():

@@ -96,8 +96,10 @@ FAMILY_NOTES = {
         "deterministic (fixed-order split reduction, no atomics)"),
     ConvAlgo.WINOGRAD: (
         "CPU: fused F(2x2,3x3): per thread, blocks of 24 tiles through input transform, 16 "
-        "products and output transform in cache-resident buffers; forward and backward-data "
-        "only (no backward-filter, as in cuDNN). Same geometry and bounds as WINOGRAD_NONFUSED. "
+        "products and output transform in cache-resident buffers; backward-filter: up to 8 "
+        "slices of the tiles, each taking blocks of 24 tiles through both transforms and the "
+        "per-point products into its own accumulator (workspace, at most 64 MB), added in "
+        "slice order (deterministic). Same geometry and bounds as WINOGRAD_NONFUSED. "
         "CUDA: one kernel per block of 32 tiles x 32 output channels (input transform into "
         "shared memory, products in registers, output transform), after a filter-transform "
         "pass into workspace (16 x C x K/G elements); backward-filter too: per slice of the "
