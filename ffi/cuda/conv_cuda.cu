@@ -49,6 +49,7 @@ std::string can_implement(const CudaConvCall& c) {
       return gemm_family_can_implement(c);
     case ConvAlgo::kFft:
     case ConvAlgo::kFftTiling:
+      return fft_can_implement(c);
     case ConvAlgo::kWinograd:
     case ConvAlgo::kWinogradNonfused:
       return std::string("no CUDA kernel yet for ") + conv_algo_name(c.algo);
@@ -65,6 +66,9 @@ size_t workspace_bytes(const CudaConvCall& c) {
     case ConvAlgo::kImplicitPrecompGemm:
     case ConvAlgo::kGemm:
       return gemm_family_workspace_bytes(c);
+    case ConvAlgo::kFft:
+    case ConvAlgo::kFftTiling:
+      return fft_workspace_bytes(c);
     default:
       return 0;
   }
@@ -83,6 +87,9 @@ std::string run_conv(const CudaConvCall& c, const CudaConvBuffers& io) {
     case ConvAlgo::kImplicitPrecompGemm:
     case ConvAlgo::kGemm:
       return gemm_family_run(c, io);
+    case ConvAlgo::kFft:
+    case ConvAlgo::kFftTiling:
+      return fft_run(c, io);
     default:
       return std::string("no CUDA kernel yet for ") + conv_algo_name(c.algo);
   }
