@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "conv_cuda.h"
@@ -49,8 +50,16 @@ using i64 = int64_t;
 // Transform points per signal: two pairs of 4096 complex doubles (128 KiB) fit in shared memory.
 constexpr i64 kMaxPoints = 4096;
 constexpr int kThreads = 256;
-// Activation + result spectra of one chunk of rows, at most about this many bytes.
-constexpr i64 kChunkBytes = i64{64} << 20;
+// Activation + result spectra of one chunk of rows, at most about this many bytes
+// (JAXDNN_FFT_CHUNK_BYTES overrides it: the checker uses it to exercise the chunk loop).
+i64 chunk_bytes() {
+  static const i64 bytes = [] {
+    const char* v = std::getenv("JAXDNN_FFT_CHUNK_BYTES");
+    const long long b = v != nullptr ? std::atoll(v) : 0;
+    return b > 0 ? static_cast<i64>(b) : i64{64} << 20;
+  }();
+  return bytes;
+}
 // The filter-side spectrum is not chunked: refuse problems where it would pass this.
 constexpr i64 kMaxFilterSpectrumBytes = i64{1} << 30;
 
@@ -489,7 +498,7 @@ Plan make_plan(ConvOp op, const ConvProblem& p, bool tiled, size_t cx_bytes) {
   pl.rows = p.N * pl.tiles;
   pl.bins = bins_of(pl.L);
   const i64 per_row = pl.bins * (pl.sh.Ci + pl.sh.Co) * static_cast<i64>(cx_bytes);
-  pl.chunk = std::clamp<i64>(kChunkBytes / std::max<i64>(per_row, 1), 1,
+  pl.chunk = std::clamp<i64>(chunk_bytes() / std::max<i64>(per_row, 1), 1,
                              std::max<i64>(pl.rows, 1));
   auto align = [](i64 b) { return (b + 255) / 256 * 256; };
   const i64 cb = static_cast<i64>(cx_bytes);
