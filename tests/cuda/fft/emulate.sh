@@ -23,17 +23,6 @@ src, threads = re.subn(r"constexpr int kThreads = 256;", "constexpr int kThreads
 assert launches == 3 and shared == 3 and threads == 1, (launches, shared, threads)
 open(sys.argv[2], "w").write(src)
 PY
-cat > "$D/stubs.cc" <<'CC'
-#include "conv_cuda.h"
-namespace jaxdnn::cuda {
-std::string direct_can_implement(const CudaConvCall&) { return "stub"; }
-size_t direct_workspace_bytes(const CudaConvCall&) { return 0; }
-std::string direct_run(const CudaConvCall&, const CudaConvBuffers&) { return "stub"; }
-std::string gemm_family_can_implement(const CudaConvCall&) { return "stub"; }
-size_t gemm_family_workspace_bytes(const CudaConvCall&) { return 0; }
-std::string gemm_family_run(const CudaConvCall&, const CudaConvBuffers&) { return "stub"; }
-}
-CC
 F="-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
    -DJAXDNN_FFT_EMULATION -I tests/cuda/fft/emu -I tests/cuda/pool/emu -I tests/cuda/pool
    -I ffi/include -I ffi/cuda"
@@ -41,7 +30,7 @@ g++ $F -c "$D/conv_fft_emu.cc" -o "$D/fft.o" &
 g++ $F -x c++ -c tests/cuda/fft/check.cu -o "$D/check.o" &
 wait %1 && wait %2
 g++ $F -x c++ -c ffi/cuda/conv_cuda.cu -o "$D/cuda.o"
-g++ $F -c "$D/stubs.cc" -o "$D/stubs.o"
+g++ $F -x c++ -c tests/cuda/fft/stubs.cu -o "$D/stubs.o"
 g++ $F "$D/fft.o" "$D/check.o" "$D/cuda.o" "$D/stubs.o" -o "$D/check" -pthread
 JAXDNN_EMU_THREADS=1 FFT_CHECK_DTYPES=${FFT_CHECK_DTYPES:-f32,bf16,f16,bf16->f32} \
   "$D/check" "${1:-quick}"
