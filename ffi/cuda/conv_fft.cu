@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -184,16 +185,57 @@ __device__ void fill_twiddles(Cx<F>* tw, const FftDims& d) {
   }
 }
 
-// In-place radix-2 decimation-in-time passes along every axis over all pairs of the CTA (input
-// bit-reversed per axis, output natural). Inverse: exp(+2 pi i jk / L), unscaled.
+__device__ __forceinline__ int pass_stride_log(const FftDims& d, int a) {
+  return a == 2 ? 0 : a == 1 ? d.lg[2] : d.lg[2] + d.lg[1];
+}
+
+template <typename F>
+__device__ __forceinline__ Cx<F> cmul(Cx<F> a, Cx<F> b) {
+  return Cx<F>{a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
+}
+
+// In-place decimation-in-time passes along every axis over all pairs of the CTA (input
+// bit-reversed per axis, output natural). Inverse: exp(+2 pi i jk / L), unscaled. Two radix-2
+// stages (spans 2h and 4h) are done at once on 4 elements in registers ("radix 2^2"): for
+// k < h, elements e_j = i0 + j h,
+//   b0, b1 = e0 +- w_2h^k e1,  b2, b3 = e2 +- w_2h^k e3,
+//   e0, e2 = b0 +- w_4h^k b2,  e1, e3 = b1 +- w_4h^(k+h) b3,  w_4h^(k+h) = -+i w_4h^k,
+// so a pass costs half the barriers and shared-memory round trips; an odd last stage is
+// radix 2.
 template <typename F, bool Inv>
 __device__ void fft_passes(Cx<F>* z, const Cx<F>* tw, const FftDims& d) {
   const int half_p = d.P >> 1, nb = d.pairs * half_p;
+  const int quarter_p = d.P >> 2, nb4 = d.pairs * quarter_p;
   for (int a = 2; a >= 0; --a) {
     const int La = d.L[a], lgLa = d.lg[a];
     if (La == 1) continue;
-    const int lsa = a == 2 ? 0 : a == 1 ? d.lg[2] : d.lg[2] + d.lg[1];
-    for (int lh = 0; lh < lgLa; ++lh) {
+    const int lsa = pass_stride_log(d, a);
+    int lh = 0;
+    for (; lh + 1 < lgLa; lh += 2) {
+      const int h = 1 << lh;
+      for (int t = threadIdx.x; t < nb4; t += blockDim.x) {
+        const int pr = t >> (d.lgP - 2), b = t & (quarter_p - 1);
+        const int lo = b & ((1 << lsa) - 1), rest = b >> lsa;
+        const int q = rest & ((La >> 2) - 1), hi = rest >> (lgLa - 2);
+        const int k = q & (h - 1), i0 = ((q >> lh) << (lh + 2)) + k;
+        Cx<F>* e = z + pr * d.P + (((hi << lgLa) + i0) << lsa) + lo;
+        const int s = h << lsa;
+        Cx<F> w1 = tw[k << (d.lgLmax - lh - 1)], w2 = tw[k << (d.lgLmax - lh - 2)];
+        if (Inv) w1.im = -w1.im, w2.im = -w2.im;
+        const Cx<F> x1 = cmul(e[s], w1), x3 = cmul(e[3 * s], w1), x0 = e[0], x2 = e[2 * s];
+        const Cx<F> b0{x0.re + x1.re, x0.im + x1.im}, b1{x0.re - x1.re, x0.im - x1.im};
+        const Cx<F> b2{x2.re + x3.re, x2.im + x3.im}, b3{x2.re - x3.re, x2.im - x3.im};
+        const Cx<F> c2 = cmul(b2, w2), t3 = cmul(b3, w2);
+        // w_4h^(k+h) b3 = t3 * (-i) forward, t3 * (+i) inverse.
+        const Cx<F> c3 = Inv ? Cx<F>{-t3.im, t3.re} : Cx<F>{t3.im, -t3.re};
+        e[0] = Cx<F>{b0.re + c2.re, b0.im + c2.im};
+        e[2 * s] = Cx<F>{b0.re - c2.re, b0.im - c2.im};
+        e[s] = Cx<F>{b1.re + c3.re, b1.im + c3.im};
+        e[3 * s] = Cx<F>{b1.re - c3.re, b1.im - c3.im};
+      }
+      __syncthreads();
+    }
+    for (; lh < lgLa; ++lh) {
       const int h = 1 << lh;
       for (int t = threadIdx.x; t < nb; t += blockDim.x) {
         const int pr = t >> (d.lgP - 1), b = t & (half_p - 1);
@@ -356,7 +398,9 @@ cgemm_kernel(const Cx<F>* __restrict__ A, const Cx<F>* __restrict__ B, Cx<F>* __
   const Cx<F>* Ab = A + bin * g.a_bin + grp * g.a_g;
   const Cx<F>* Bb = B + bin * g.b_bin + grp * g.b_g;
   Cx<F>* Cb = C + bin * g.c_bin + grp * g.c_g;
-  const int rm = threadIdx.x / 16, cn = threadIdx.x % 16;  // 8 x 16 threads, 4 x 4 outputs each
+  // 8 x 16 threads, each rows rm + 8 i and columns cn + 16 j (i, j < 4): a half-warp reads 16
+  // consecutive B elements (no bank conflicts) and stores 16 consecutive C elements.
+  const int rm = threadIdx.x / 16, cn = threadIdx.x % 16;
   const F sgn = g.conj_b ? F(-1) : F(1);
   F accr[4][4], acci[4][4];
   for (int i = 0; i < 4; ++i)
@@ -378,9 +422,9 @@ cgemm_kernel(const Cx<F>* __restrict__ A, const Cx<F>* __restrict__ B, Cx<F>* __
 #pragma unroll 4
     for (int kk = 0; kk < kBK; ++kk) {
       Cx<F> a[4], b[4];
-      for (int i = 0; i < 4; ++i) a[i] = As[kk * (kBM + kPad) + rm * 4 + i];
+      for (int i = 0; i < 4; ++i) a[i] = As[kk * (kBM + kPad) + rm + 8 * i];
       for (int jj = 0; jj < 4; ++jj) {
-        b[jj] = Bs[kk * (kBN + kPad) + cn * 4 + jj];
+        b[jj] = Bs[kk * (kBN + kPad) + cn + 16 * jj];
         b[jj].im *= sgn;
       }
       for (int i = 0; i < 4; ++i)
@@ -394,10 +438,10 @@ cgemm_kernel(const Cx<F>* __restrict__ A, const Cx<F>* __restrict__ B, Cx<F>* __
     __syncthreads();
   }
   for (int i = 0; i < 4; ++i) {
-    const i64 gm = m0 + rm * 4 + i;
+    const i64 gm = m0 + rm + 8 * i;
     if (gm >= g.M) continue;
     for (int jj = 0; jj < 4; ++jj) {
-      const i64 gn = n0 + cn * 4 + jj;
+      const i64 gn = n0 + cn + 16 * jj;
       if (gn >= g.N) continue;
       Cx<F>* c = Cb + gm * g.c_m + gn * g.c_n;
       Cx<F> v{accr[i][jj], acci[i][jj]};
@@ -628,6 +672,7 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
   auto forward = [&](const In* src, const SigMap& m, Cx<F>* dst, i64 ld) -> std::string {
     const i64 blocks = cdiv(m.nsig, 2 * d.pairs);
     if (blocks == 0) return "";
+    if (blocks > INT32_MAX) return "FFT transform: too many signals for one launch";
     fft_forward_kernel<In, F><<<static_cast<unsigned>(blocks), kThreads, tsmem, io.stream>>>(
         src, m, d, dst, ld);
     return launch_error("forward transform");
@@ -635,6 +680,7 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
   auto inverse = [&](const Cx<F>* src, i64 ld, const SigMap& m, Out* dst) -> std::string {
     const i64 blocks = cdiv(m.nsig, 2 * d.pairs);
     if (blocks == 0) return "";
+    if (blocks > INT32_MAX) return "FFT transform: too many signals for one launch";
     fft_inverse_kernel<Out, F><<<static_cast<unsigned>(blocks), kThreads, tsmem, io.stream>>>(
         src, ld, m, d, dst, F(1) / static_cast<F>(pl.points));
     return launch_error("inverse transform");
@@ -643,6 +689,8 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
     g.mt = cdiv(g.M, kBM), g.nt = cdiv(g.N, kBN);
     const i64 blocks = g.bins * g.G * g.mt * g.nt;
     if (blocks == 0) return "";
+    if (blocks > INT32_MAX) return "FFT channel product: grid of " + std::to_string(blocks) +
+                                   " blocks exceeds the launch limit";
     cgemm_kernel<F><<<static_cast<unsigned>(blocks), kGemmThreads, gsmem, io.stream>>>(A, B, C,
                                                                                       g);
     return launch_error("channel product");
