@@ -318,7 +318,8 @@ def test_cuda_supports_every_case_with_tiling_and_fft_where_the_image_fits():
         if why:
           assert "FFT transforms the whole image" in why and "use FFT_TILING" in why, why
           refused_by_fft.add(case.id)
-  assert refused_by_fft == {"tiled-2d-not-tile-multiple", "1d-long-filter-tiled"}, refused_by_fft
+  # 74 x 49 -> 128 x 64 points; the 1-D case's 3000 + 126 samples -> 4096 points still fit.
+  assert refused_by_fft == {"tiled-2d-not-tile-multiple"}, refused_by_fft
 
 
 @needs_cuda_extension
@@ -357,7 +358,7 @@ def test_cuda_huge_filter_spectrum_is_refused_with_its_size():
 @needs_cuda_extension
 def test_cuda_tiling_workspace_stays_bounded_for_long_signals():
   """The audio layer: FFT refuses the 16k-sample signal, FFT_TILING's workspace is bounded by
-  its chunk of tile spectra (64 MiB) plus the filter spectrum, whatever the length."""
+  its chunk of tile spectra (64 MiB) plus the filter spectrum, whatever the signal length."""
   g = jaxdnn.ConvGeometry(jaxdnn.Layout.NHWC, (16384,), (255,), (1,), (1,), (1,), (127,),
                           (127,))
   args = (g, 8, 16, 16, F32, F32, HIGHEST)
@@ -367,7 +368,7 @@ def test_cuda_tiling_workspace_stays_bounded_for_long_signals():
   longer = algorithms.workspace_bytes("cuda", ConvOp.FORWARD, TILING,
                                       g.replace(in_spatial=(1 << 22,)), 8, 16, 16, F32, F32,
                                       HIGHEST)
-  assert longer <= (64 << 20) + (1 << 20), (tiled, longer)
+  assert longer <= (64 << 20) + (4 << 20), (tiled, longer)  # chunk + 2 MB filter spectrum
 
 
 @needs_cuda_extension

@@ -59,7 +59,8 @@ ConvProblem make(const Case& c) {
 
 int64_t aoff(const ConvProblem& p, int64_t n, int64_t c, const int64_t sp[3], const int64_t j[3],
              int64_t ch) {
-  if (p.layout == Layout::kNHWC) return (((n * sp[0] + j[0]) * sp[1] + j[1]) * sp[2] + j[2]) * ch + c;
+  if (p.layout == Layout::kNHWC)
+    return (((n * sp[0] + j[0]) * sp[1] + j[1]) * sp[2] + j[2]) * ch + c;
   return (((n * ch + c) * sp[0] + j[0]) * sp[1] + j[1]) * sp[2] + j[2];
 }
 int64_t woff(const ConvProblem& p, int64_t k, int64_t ci, const int64_t f[3]) {
