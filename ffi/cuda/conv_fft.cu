@@ -98,7 +98,7 @@ struct FftDims {
   int L[3], lg[3];
   int P, lgP, H2, bins;  // H2 = L2 / 2 + 1, bins = L0 * L1 * H2
   int Lmax, lgLmax;
-  int pairs;             // signal pairs per CTA
+  int pairs, lgpairs;    // signal pairs per CTA (a power of two) and its log
 };
 
 // Which real signal index s is, and where its samples live. kind 0, an activation-like tensor:
@@ -278,7 +278,7 @@ fft_forward_kernel(const In* __restrict__ src, SigMap map, FftDims d, Cx<F>* __r
   __syncthreads();
   // Gather: pair index fastest, so neighbouring threads read neighbouring channels (NHWC).
   for (int idx = threadIdx.x; idx < d.pairs * d.P; idx += blockDim.x) {
-    const int pr = idx % d.pairs, pos = idx / d.pairs;
+    const int pr = idx & (d.pairs - 1), pos = idx >> d.lgpairs;
     int j[3];
     split_pos(d, pos, j);
     F v[2];
@@ -297,7 +297,7 @@ fft_forward_kernel(const In* __restrict__ src, SigMap map, FftDims d, Cx<F>* __r
   fft_passes<F, false>(z, tw, d);
   // Separate the pairs' half spectra; signal index fastest (coalesced stores).
   for (int idx = threadIdx.x; idx < nsig * d.bins; idx += blockDim.x) {
-    const int sl = idx % nsig, bin = idx / nsig;
+    const int sl = idx & (nsig - 1), bin = idx >> (d.lgpairs + 1);
     if (s0 + sl >= map.nsig) continue;
     const int v = bin % d.H2, u01 = bin / d.H2;
     const int u1 = u01 & (d.L[1] - 1), u0 = u01 >> d.lg[1];
@@ -332,7 +332,7 @@ fft_inverse_kernel(const Cx<F>* __restrict__ src, i64 ld, SigMap map, FftDims d,
   // Z = A + i B over the full spectrum: for v < H2 directly, (ar - bi, ai + br); otherwise from
   // the mirrored bin (A(u) = conj A(-u), likewise B): (ar + bi, br - ai).
   for (int idx = threadIdx.x; idx < d.pairs * d.P; idx += blockDim.x) {
-    const int pr = idx % d.pairs, pos = idx / d.pairs;
+    const int pr = idx & (d.pairs - 1), pos = idx >> d.lgpairs;
     int j[3];
     split_pos(d, pos, j);
     const bool direct = j[2] < d.H2;
@@ -350,7 +350,7 @@ fft_inverse_kernel(const Cx<F>* __restrict__ src, i64 ld, SigMap map, FftDims d,
   __syncthreads();
   fft_passes<F, true>(z, tw, d);
   for (int idx = threadIdx.x; idx < d.pairs * d.P; idx += blockDim.x) {
-    const int pr = idx % d.pairs, pos = idx / d.pairs;
+    const int pr = idx & (d.pairs - 1), pos = idx >> d.lgpairs;
     int j[3];
     split_pos(d, pos, j);
     const Cx<F> r = z[pr * d.P + pos];
@@ -567,6 +567,7 @@ FftDims dims_of(const Plan& pl) {
   d.Lmax = std::max({d.L[0], d.L[1], d.L[2]});
   d.lgLmax = ilog2(d.Lmax);
   d.pairs = static_cast<int>(std::clamp<i64>(2048 / pl.points, 2, 32));
+  d.lgpairs = ilog2(d.pairs);
   return d;
 }
 
