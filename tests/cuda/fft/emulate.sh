@@ -4,8 +4,9 @@
 # Rewrites ffi/cuda/conv_fft.cu's launches into emu::launch calls, compiles it, conv_cuda.cu and
 # check.cu with g++ against the emulated runtime (tests/cuda/pool/emu plus emu/ here) under
 # AddressSanitizer and UBSan, and runs the checker with every block's threads as std::threads
-# (real barriers; the transform kernels with EMU_FFT_THREADS threads per block). Float32 and 16-bit dtypes only by default (FFT_CHECK_DTYPES overrides): the
-# emulator caps dynamic shared memory at 48 KiB. What it cannot see: nvcc errors, warp-level
+# (real barriers; the transform kernels with EMU_FFT_THREADS threads per block). Float32 and
+# 16-bit dtypes only by default (FFT_CHECK_DTYPES overrides): the emulator caps dynamic shared
+# memory at 48 KiB, which float64 transforms of 2048+ points exceed (they report a launch error). What it cannot see: nvcc errors, warp-level
 # behaviour, device rounding intrinsics, speed.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
