@@ -6,8 +6,8 @@
 # AddressSanitizer and UBSan, and runs the checker with every block's threads as std::threads
 # (real barriers; the transform kernels with EMU_FFT_THREADS threads per block). Float32 and
 # 16-bit dtypes only by default (FFT_CHECK_DTYPES overrides): the emulator caps dynamic shared
-# memory at 48 KiB, which float64 transforms of 2048+ points exceed (they report a launch error). What it cannot see: nvcc errors, warp-level
-# behaviour, device rounding intrinsics, speed.
+# memory at 48 KiB, which float64 transforms of 2048+ points exceed (they report a launch
+# error). What it cannot see: nvcc errors, warp-level behaviour, device rounding intrinsics, speed.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 D=${TMPDIR:-/tmp}/jaxdnn-fftemu
