@@ -1,4 +1,4 @@
-"""FFT and FFT_TILING on the CPU: transform sizes and tiles, odd geometries, dtypes, refusals.
+"""FFT and FFT_TILING: transform sizes and tiles, odd geometries, dtypes, refusals.
 
 FFT transforms whole images (one tile per image, 5-smooth lengths >= extent + filter - 1);
 FFT_TILING cuts the output into overlap-save tiles whose lengths a cost model picks, so the cases
@@ -7,6 +7,11 @@ checked for forward, backward-data and backward-filter against float64 lax: imag
 a tile, sizes that are not multiples of the tile, channel counts 1 and 3 (and counts that do not
 fill a lane block), negative / asymmetric / beyond-the-filter padding, groups and depthwise, 1-D
 (long filters), 2-D and 3-D, both layouts, and a batch large enough to be cut into chunks.
+
+The numerical tests run on the default backend (the CUDA kernels on a GPU machine), skipping the
+cases a backend's family refuses (the GPU's whole-image FFT is limited to 4096 transform
+points); the tests of CPU tile plans and refusals ask the CPU extension, and those of the CUDA
+plans ask the CUDA extension (on CPU-only machines too, when it is built).
 """
 
 from __future__ import annotations
@@ -21,12 +26,16 @@ from jax.test_util import check_grads
 
 import jaxdnn
 from grid import NCDHW, NCHW, NCW, NDHWC, NHWC, NWC, Case
-from helpers import FFT_FAMILIES, GENERAL_FAMILIES, PLATFORM, lax_conv_hi, problems, rand
+from helpers import (FFT_FAMILIES, GENERAL_FAMILIES, lax_conv_hi, problems, rand,
+                     require_supported)
 from jaxdnn._src import algorithms, ffi
 from jaxdnn._src.geometry import ConvOp
 from tolerances import BF16, F16, F32, F64, assert_close, relative_error, tolerance
 
-pytestmark = pytest.mark.skipif(PLATFORM != "cpu", reason="the CPU FFT kernels")
+CUDA = ffi.extension("cuda")
+needs_cuda_extension = pytest.mark.skipif(
+    CUDA is None, reason="the jaxdnn CUDA extension (_jaxdnn_cuda) is not built in this install")
+HIGHEST = algorithms.MathPrecision.HIGHEST
 
 FFT = jaxdnn.ConvAlgo.FFT
 TILING = jaxdnn.ConvAlgo.FFT_TILING
@@ -77,6 +86,7 @@ def _check_all_ops(case, dtype, algo, seed=0, preferred=None, tol=None):
   ct = rand(jax.eval_shape(ref, x, w).shape, out_dtype, seed=seed + 2)
   mine = _vjp_all(functools.partial(jaxdnn.conv, **case.kwargs(), algo=algo,
                                     preferred_element_type=preferred))
+  require_supported(algo, mine, x, w, ct)
   got = mine(x, w, ct)
   want = _vjp_all(ref)(x.astype(F64), w.astype(F64), ct.astype(F64))
   errors = {}
@@ -289,3 +299,84 @@ def test_auto_picks_fft_tiling_for_the_audio_layer():
                                      prec) == TILING
   assert_close(fn(x, w), lax_conv_hi(x.astype(F64), w.astype(F64), (1,), "SAME",
                                      dimension_numbers=NWC), tolerance(F32))
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA plans (trace-time queries of the CUDA extension; they run without a GPU).
+
+@needs_cuda_extension
+def test_cuda_supports_every_case_with_tiling_and_fft_where_the_image_fits():
+  """FFT_TILING takes every case on the GPU; FFT takes those whose whole-image transform fits
+  in 4096 points and names FFT_TILING for the others."""
+  refused_by_fft = set()
+  for case in CASES:
+    for op, g, n, c, k in _geometries(case):
+      for dtype in (F32, F64, BF16):
+        why = algorithms.unsupported_reason("cuda", op, TILING, g, n, c, k, dtype, dtype, HIGHEST)
+        assert why == "", (case.id, op, dtype, why)
+        why = algorithms.unsupported_reason("cuda", op, FFT, g, n, c, k, dtype, dtype, HIGHEST)
+        if why:
+          assert "FFT transforms the whole image" in why and "use FFT_TILING" in why, why
+          refused_by_fft.add(case.id)
+  # 74 x 49 -> 128 x 64 points; the 1-D case's 3000 + 126 samples -> 4096 points still fit.
+  assert refused_by_fft == {"tiled-2d-not-tile-multiple"}, refused_by_fft
+
+
+@needs_cuda_extension
+@pytest.mark.parametrize("algo", ALGO_PARAMS)
+@pytest.mark.parametrize("kwargs, reason", REFUSED)
+def test_cuda_refuses_strides_and_dilations_with_the_reason(kwargs, reason, algo):
+  x, w = rand((1, 9, 9, 2), F32), rand((5, 5, 2, 3), F32)
+  conv = functools.partial(jaxdnn.conv, dimension_numbers=NHWC, algo=algo,
+                           **{"padding": "SAME", **kwargs})
+  (op, g, n, c, k, kin, kout, prec), = problems(conv, x, w)
+  why = algorithms.unsupported_reason("cuda", op, algo, g, n, c, k, kin, kout, prec)
+  assert why == f"{algo.name} {reason}", why
+
+
+@needs_cuda_extension
+def test_cuda_tiling_refuses_filters_longer_than_its_largest_tile():
+  g = jaxdnn.ConvGeometry(jaxdnn.Layout.NHWC, (100, 100), (70, 70), (1, 1), (1, 1), (1, 1),
+                          (0, 0), (0, 0))
+  why = algorithms.unsupported_reason("cuda", ConvOp.FORWARD, TILING, g, 1, 2, 2, F32, F32,
+                                      HIGHEST)
+  assert "needs a power-of-two tile longer than the filter" in why and "(70, 70)" in why, why
+  g1 = jaxdnn.ConvGeometry(jaxdnn.Layout.NHWC, (20000,), (4095,), (1,), (1,), (1,), (0,), (0,))
+  assert algorithms.unsupported_reason("cuda", ConvOp.FORWARD, TILING, g1, 1, 2, 2, F32, F32,
+                                       HIGHEST) == ""
+
+
+@needs_cuda_extension
+def test_cuda_huge_filter_spectrum_is_refused_with_its_size():
+  g = jaxdnn.ConvGeometry(jaxdnn.Layout.NHWC, (60, 60), (5, 5), (1, 1), (1, 1), (1, 1),
+                          (2, 2), (2, 2))
+  why = algorithms.unsupported_reason("cuda", ConvOp.FORWARD, FFT, g, 1, 1024, 1024, F32, F32,
+                                      HIGHEST)
+  assert "MiB for its filter spectrum" in why and "GPU limit of 1024 MiB" in why, why
+
+
+@needs_cuda_extension
+def test_cuda_tiling_workspace_stays_bounded_for_long_signals():
+  """The audio layer: FFT refuses the 16k-sample signal, FFT_TILING's workspace is bounded by
+  its chunk of tile spectra (64 MiB) plus the filter spectrum, whatever the signal length."""
+  g = jaxdnn.ConvGeometry(jaxdnn.Layout.NHWC, (16384,), (255,), (1,), (1,), (1,), (127,),
+                          (127,))
+  args = (g, 8, 16, 16, F32, F32, HIGHEST)
+  assert "use FFT_TILING" in algorithms.unsupported_reason("cuda", ConvOp.FORWARD, FFT, *args)
+  tiled = algorithms.workspace_bytes("cuda", ConvOp.FORWARD, TILING, *args)
+  assert 0 < tiled < 64 << 20
+  longer = algorithms.workspace_bytes("cuda", ConvOp.FORWARD, TILING,
+                                      g.replace(in_spatial=(1 << 22,)), 8, 16, 16, F32, F32,
+                                      HIGHEST)
+  assert longer <= (64 << 20) + (4 << 20), (tiled, longer)  # chunk + 2 MB filter spectrum
+
+
+@needs_cuda_extension
+def test_cuda_auto_picks_fft_tiling_only_for_float32_highest():
+  g = jaxdnn.ConvGeometry(jaxdnn.Layout.NHWC, (28, 28), (5, 5), (1, 1), (1, 1), (1, 1),
+                          (2, 2), (2, 2))
+  pick = functools.partial(algorithms.choose_algorithm, "cuda", ConvOp.FORWARD, "auto", g, 32,
+                           32, 64)
+  assert pick(F32, F32, HIGHEST) == TILING
+  assert pick(F32, F32, algorithms.MathPrecision.DEFAULT) != TILING
+  assert pick(BF16, BF16, HIGHEST) != TILING

@@ -18,7 +18,7 @@ import jaxdnn
 from grid import NCHW, NCW, NDHWC, NHWC
 from helpers import GENERAL_FAMILIES, algo_id, lax_conv64, problems, rand
 from jaxdnn._src import algorithms, ffi
-from tolerances import BF16, F32, assert_close, tolerance
+from tolerances import BF16, F32, F64, assert_close, tolerance
 
 CUDA = ffi.extension("cuda")
 needs_cuda_extension = pytest.mark.skipif(
@@ -113,9 +113,27 @@ def test_cuda_lowering_other_geometries(algo, case, op):
 
 
 @needs_cuda_extension
-def test_cuda_kernel_less_family_refused_at_lowering():
-  x, w, conv, _ = _setup(SIMPLE, F32, jaxdnn.ConvAlgo.FFT)
-  with pytest.raises(ValueError, match="Families that can:"):
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [*DTYPES, pytest.param(F64, id="float64")])
+@pytest.mark.parametrize("algo", [jaxdnn.ConvAlgo.FFT, jaxdnn.ConvAlgo.FFT_TILING],
+                         ids=algo_id)
+def test_cuda_lowering_fft_families(algo, dtype, op):
+  """Both FFT families lower to the CUDA targets for fwd, dgrad and wgrad (stride 1)."""
+  x, w, conv, c = _setup(SIMPLE, dtype, algo)
+  fn = _op_fn(op, conv, c)
+  for p_op, g, n, ch, k, kin, kout, prec in problems(fn, x, w):
+    why = algorithms.unsupported_reason("cuda", p_op, algo, g, n, ch, k, kin, kout, prec)
+    assert why == "", f"CUDA {algo.name} rejects the simple geometry ({p_op.name}): {why}"
+    assert algorithms.workspace_bytes("cuda", p_op, algo, g, n, ch, k, kin, kout, prec) > 0
+  _check_lowering(_lower_cuda(fn, x, w), op, algo)
+
+
+@needs_cuda_extension
+@pytest.mark.parametrize("algo", [jaxdnn.ConvAlgo.FFT, jaxdnn.ConvAlgo.FFT_TILING],
+                         ids=algo_id)
+def test_cuda_fft_families_refused_at_lowering_when_strided(algo):
+  x, w, conv, _ = _setup(OTHERS["nchw-stride2"], F32, algo)
+  with pytest.raises(ValueError, match=rf"{algo.name} needs window_strides 1.*Families that can:"):
     _lower_cuda(conv, x, w)
 
 

@@ -52,7 +52,7 @@ std::string can_implement(const CudaConvCall& c) {
       return winograd_can_implement(c);
     case ConvAlgo::kFft:
     case ConvAlgo::kFftTiling:
-      return std::string("no CUDA kernel yet for ") + conv_algo_name(c.algo);
+      return fft_can_implement(c);
   }
   return "unknown algorithm id";
 }
@@ -69,9 +69,11 @@ size_t workspace_bytes(const CudaConvCall& c) {
     case ConvAlgo::kWinograd:
     case ConvAlgo::kWinogradNonfused:
       return winograd_workspace_bytes(c);
-    default:
-      return 0;
+    case ConvAlgo::kFft:
+    case ConvAlgo::kFftTiling:
+      return fft_workspace_bytes(c);
   }
+  return 0;
 }
 
 std::string run_conv(const CudaConvCall& c, const CudaConvBuffers& io) {
@@ -90,9 +92,11 @@ std::string run_conv(const CudaConvCall& c, const CudaConvBuffers& io) {
     case ConvAlgo::kWinograd:
     case ConvAlgo::kWinogradNonfused:
       return winograd_run(c, io);
-    default:
-      return std::string("no CUDA kernel yet for ") + conv_algo_name(c.algo);
+    case ConvAlgo::kFft:
+    case ConvAlgo::kFftTiling:
+      return fft_run(c, io);
   }
+  return "unknown algorithm id";
 }
 
 }  // namespace jaxdnn::cuda

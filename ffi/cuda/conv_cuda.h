@@ -48,6 +48,11 @@ std::string gemm_family_can_implement(const CudaConvCall& c);
 size_t gemm_family_workspace_bytes(const CudaConvCall& c);
 std::string gemm_family_run(const CudaConvCall& c, const CudaConvBuffers& io);
 
+// FFT and FFT_TILING (conv_fft.cu): stride 1, no dilation; own shared-memory FFTs.
+std::string fft_can_implement(const CudaConvCall& c);
+size_t fft_workspace_bytes(const CudaConvCall& c);
+std::string fft_run(const CudaConvCall& c, const CudaConvBuffers& io);
+
 // IMPLICIT_PRECOMP_GEMM forward on Hopper wgmma for 16-bit NHWC (conv_wgmma.cu): "" when the
 // problem qualifies; its workspace (the transposed filter); wgmma_fwd_try runs it and returns
 // true when it took the call (result or error in *err), false to leave it to the mma.sync kernel

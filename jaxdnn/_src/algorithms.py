@@ -113,11 +113,26 @@ FAMILY_NOTES = {
         "images whose padded transform exceeds 2^17 points (use FFT_TILING) and workspaces over 2 "
         "GiB (both families: the filter spectrum is bins x C x K/G). Relative error "
         "bound 1e-5 in float32 (measured <= 4.4e-7 on the 3x3/5x5 benchmark layers), 1e-12 in "
-        "float64"),
+        "float64. "
+        "GPU: jaxdnn's own shared-memory radix-2 FFTs (power-of-two lengths; two real signals "
+        "per complex transform), per-frequency complex channel products on the fp32 (fp64) "
+        "units, never TF32, so every precision gets the float32 bound; 16-bit operands are "
+        "transformed and multiplied in float32. Same geometry as the CPU (stride 1, no "
+        "dilation, any padding, groups, 1-3-D, both layouts); refuses whole images whose "
+        "padded transform exceeds 4096 points (one CTA's shared memory: e.g. 2-D images up to "
+        "64x64 including the filter; use FFT_TILING) and filter spectra over 1 GiB. Workspace: "
+        "8 (float64: 16) bytes x bins x (C x K/G + chunk x (C + K)), bins = L0 x L1 x "
+        "(L2/2 + 1), chunks of images x tiles of at most 64 MiB of spectra. Deterministic "
+        "(fixed-order reductions, no atomics). Bounds as on the CPU: 1e-5 in float32, 1e-12 "
+        "in float64, the output rounding in bfloat16/float16"),
     ConvAlgo.FFT_TILING: (
         "CPU: overlap-save tiles (transform lengths chosen per problem by a cost model: about "
         "16-32 per axis in 2-D, 1000-2000 for long 1-D filters), otherwise as FFT; the "
-        "workspace is bounded by chunks of tiles. Same geometry (no image size limit) and bounds"),
+        "workspace is bounded by chunks of tiles. Same geometry (no image size limit) and bounds. "
+        "GPU: overlap-save tiles of power-of-two lengths picked by a cost model (up to 64 per "
+        "axis in 2-D, 16 in 3-D, 4096 in 1-D; an axis whose filter is 1 is not transformed), "
+        "otherwise as the GPU FFT; no image size limit, filters up to 4095 taps in 1-D (the "
+        "tile must be longer than the filter within 4096 points)"),
 }
 
 
@@ -179,6 +194,14 @@ def workspace_bytes(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeo
   return int(module.workspace_bytes(*args))
 
 
+def _fft_tiling_pays(geometry: ConvGeometry, cg: int, kg: int, taps: int) -> bool:
+  """Filters of >= 15 taps, one side >= 5, 8 to 128 channels in and out per group: where
+  FFT_TILING beat every other CPU family by 2-3x (5x5 and 7x7 layers, 1-D filters of 15 to 255
+  taps; benchmarks/results/cpu-*.md). Stride 1 and no dilation: the support check enforces it."""
+  return (taps >= 15 and max(geometry.filter_spatial) >= 5 and 8 <= cg <= 128 and
+          8 <= kg <= 128)
+
+
 def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: int,
                      channels: int, out_channels: int, in_dtype=None,
                      precision: MathPrecision | None = None) -> list[ConvAlgo]:
@@ -198,14 +221,12 @@ def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: i
     if small_groups or cg * taps <= 8:  # memory-bound, or a tiny reduction (MNIST's C=1)
       return direct_first
     order = _cpu_order(op, geometry, batch, cg, kg, taps, gemm_first, direct_first)
-    # FFT_TILING (stride 1, no dilation: the support check enforces it) beat every other family
-    # by 2-3x on filters of >= 15 taps with 8 to 128 channels in and out (5x5 and 7x7 layers,
-    # 1-D filters of 15 to 255 taps), in all three operations; its float32 bound (1e-5)
-    # qualifies it under precision=HIGHEST. On 3x3 layers it only ties DIRECT (Winograd wins);
-    # with one input channel the output transforms dominate (DIRECT wins by 3x); at 256 x 256
-    # channels its filter spectrum is memory-bound and the lead shrinks to ~1.2x.
-    if (taps >= 15 and max(geometry.filter_spatial) >= 5 and 8 <= cg <= 128 and
-        8 <= kg <= 128):
+    # FFT_TILING beat every other family by 2-3x there (_fft_tiling_pays), in all three
+    # operations; its float32 bound (1e-5) qualifies it under precision=HIGHEST. On 3x3 layers
+    # it only ties DIRECT (Winograd wins); with one input channel the output transforms dominate
+    # (DIRECT wins by 3x); at 256 x 256 channels its filter spectrum is memory-bound and the
+    # lead shrinks to ~1.2x.
+    if _fft_tiling_pays(geometry, cg, kg, taps):
       order = [ConvAlgo.FFT_TILING, *order]
     # WINOGRAD_NONFUSED (supported for 2-D 3x3 stride-1 undilated filters only, which the support
     # check enforces) beat every other family on the dense 3x3 layers with >= 64 channels, in all
@@ -218,12 +239,17 @@ def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: i
     return direct_first
   order = [ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.IMPLICIT_GEMM, ConvAlgo.GEMM,
            ConvAlgo.DIRECT]
-  # WINOGRAD_NONFUSED where the CPU rule picks it, for float32 at precision=HIGHEST only: there
-  # it saves 2.25x of the true-fp32 FFMA work within its 1e-5 bound, while at DEFAULT/HIGH and
-  # for 16-bit operands the GEMM families run on tensor cores and the Winograd kernels do not.
-  if (tuple(geometry.filter_spatial) == (3, 3) and cg >= 64 and kg >= 64 and
-      in_dtype is not None and np.dtype(in_dtype) == np.float32 and
-      precision == MathPrecision.HIGHEST):
+  # float32 at precision=HIGHEST: the GEMM families run on the fp32 units too (no TF32), and
+  # FFT_TILING and WINOGRAD_NONFUSED do fewer multiply-adds within their 1e-5 bounds, where the
+  # CPU rules pick them. H200 kernel-only (benchmarks/results/gpu-h200-2026-12-01-s4.md):
+  # WINOGRAD_NONFUSED 0.100 ms on r50_c3_3x3 against IMPLICIT_PRECOMP_GEMM's 0.371 (1.14 against
+  # 4.08 on vgg_c3_2); FFT_TILING 0.087 ms on inc_5x5 against 0.143. Not for 16-bit or TF32
+  # problems, where the GEMM families use the tensor cores and these kernels do not.
+  highest_f32 = (in_dtype is not None and np.dtype(in_dtype) == np.float32 and
+                 precision == MathPrecision.HIGHEST)
+  if highest_f32 and _fft_tiling_pays(geometry, cg, kg, taps):
+    order = [ConvAlgo.FFT_TILING, *order]
+  if highest_f32 and tuple(geometry.filter_spatial) == (3, 3) and cg >= 64 and kg >= 64:
     order = [ConvAlgo.WINOGRAD_NONFUSED, *order]
   return order
 
@@ -268,7 +294,7 @@ def choose_algorithm(platform: str, op: ConvOp, requested: ConvAlgo | str,
           f"{', '.join(a.name for a in able) or 'none'} (or algo='auto').")
     return requested
   for algo in _heuristic_order(platform, op, geometry, batch, channels, out_channels, in_dtype,
-                              precision):
+                               precision):
     if not unsupported_reason(platform, op, algo, *args, fused=fused):
       return algo
   able = supported_algorithms(platform, op, *args, fused=fused)
