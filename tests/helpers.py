@@ -135,3 +135,17 @@ def require_supported(algo, fn, *args):
   why = unsupported(algo, fn, *args)
   if why:
     pytest.skip(f"{PLATFORM} backend: {why}")
+
+
+def listed_families(msg: str) -> set[str]:
+  """The family names after "Families that can:" in a refusal."""
+  tail = msg.split("Families that can:")[1].split("(or")[0]
+  return {name.strip(" .") for name in tail.split(",")}
+
+
+def general_families_for(lhs_dilation=None) -> tuple:
+  """The general families that take a problem with this lhs_dilation on the current backend:
+  all four, except that the CUDA GEMM families refuse lhs_dilation > 1 (DIRECT takes it)."""
+  if LOWERING_PLATFORM == "cuda" and lhs_dilation is not None and max(lhs_dilation) > 1:
+    return (jaxdnn.ConvAlgo.DIRECT,)
+  return GENERAL_FAMILIES

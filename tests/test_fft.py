@@ -26,8 +26,8 @@ from jax.test_util import check_grads
 
 import jaxdnn
 from grid import NCDHW, NCHW, NCW, NDHWC, NHWC, NWC, Case
-from helpers import (FFT_FAMILIES, GENERAL_FAMILIES, lax_conv_hi, problems, rand,
-                     require_supported)
+from helpers import (FFT_FAMILIES, general_families_for, lax_conv_hi,
+                     listed_families, problems, rand, require_supported)
 from jaxdnn._src import algorithms, ffi
 from jaxdnn._src.geometry import ConvOp
 from tolerances import BF16, F16, F32, F64, assert_close, relative_error, tolerance
@@ -212,12 +212,6 @@ def test_vmap_folds_into_the_kernel(in_axes):
     assert_close(a, b, tolerance(F64))
 
 
-def _listed(msg):
-  """The family names after "Families that can:" in a refusal."""
-  tail = msg.split("Families that can:")[1].split("(or")[0]
-  return {name.strip(" .") for name in tail.split(",")}
-
-
 REFUSED = [
     pytest.param(dict(window_strides=(2, 2)), "needs window_strides 1, got (2, 2)", id="stride2"),
     pytest.param(dict(window_strides=(1, 3)), "needs window_strides 1, got (1, 3)",
@@ -240,8 +234,9 @@ def test_unsupported_geometry_raises_naming_families_that_can(kwargs, reason, al
     call(algo=algo)
   msg = str(info.value)
   assert f"algo={algo.name}" in msg and f"{algo.name} {reason}" in msg, msg
-  listed = _listed(msg)
-  assert set(GENERAL_FAMILIES) <= {jaxdnn.ConvAlgo[n] for n in listed}, msg
+  listed = listed_families(msg)
+  assert set(general_families_for(kwargs.get("lhs_dilation"))) <= {
+      jaxdnn.ConvAlgo[n] for n in listed}, msg
   assert FFT.name not in listed and TILING.name not in listed, msg
   # `auto` never picks it there, and still runs.
   y = call(algo="auto")

@@ -570,3 +570,40 @@ def test_cuda_lowering_emits_the_fused_target(algo):
   assert "@jaxdnn_conv_bwd_data(" in gtext and "@jaxdnn_conv_bwd_filter(" in gtext
   if fused_prims.BIAS_ACT_TARGET in CUDA.registrations():
     assert "@jaxdnn_bias_act_bwd(" in gtext
+
+
+def test_family_without_a_fused_kernel_runs_its_plain_kernel_and_a_separate_epilogue(
+    monkeypatch):
+  """A family that runs the problem but carries no epilogue on the backend (the CUDA Winograd
+  and FFT families) computes its own plain forward kernel, then the epilogue in one XLA
+  elementwise pass: never another family. Simulated on this backend by reporting
+  WINOGRAD_NONFUSED's fused form unsupported; values and gradients against float64 lax."""
+  real = algorithms.unsupported_reason
+
+  def without_fused_winograd(platform, op, algo, *args, fused=False):
+    if fused and algo == A.WINOGRAD_NONFUSED:
+      return "WINOGRAD_NONFUSED carries no fused epilogue (simulated)"
+    return real(platform, op, algo, *args, fused=fused)
+
+  monkeypatch.setattr(algorithms, "unsupported_reason", without_fused_winograd)
+  case = WINO_CASES[1]
+  x, w, b, r = case.inputs(seed=84)
+  fn = lambda *a: _call(fused(case, A.WINOGRAD_NONFUSED, "gelu"), *a)
+  text = _hlo(fn, x, w, b, r)
+  assert "@jaxdnn_conv_fwd(" in text and "@jaxdnn_conv_fwd_fused(" not in text
+  assert_close(jax.jit(fn)(x, w, b, r), reference(case, x, w, b, r, "gelu"), tolerance(F64))
+  loss = lambda *a: jnp.sum(fn(*a) ** 2)
+  want = jax.grad(lambda *a: jnp.sum(reference(case, *a, "gelu") ** 2), argnums=(0, 1, 2, 3))
+  for got, ref in zip(jax.grad(loss, argnums=(0, 1, 2, 3))(x, w, b, r), want(x, w, b, r)):
+    assert_close(got, ref, tolerance(F64))
+
+
+@pytest.mark.skipif(CUDA is None, reason="the jaxdnn CUDA extension is not built in this install")
+@pytest.mark.parametrize("algo", [A.WINOGRAD_NONFUSED, A.WINOGRAD, A.FFT_TILING], ids=algo_id)
+def test_cuda_family_without_a_fused_kernel_lowers_to_its_plain_kernel(algo):
+  case = WINO_CASES[0]
+  x, w, b, r = case.inputs(F32, seed=91)
+  fn = lambda *a: _call(fused(case, algo, "relu", precision=lax.Precision.HIGHEST), *a)
+  text = jax.jit(fn).trace(x, w, b, r).lower(lowering_platforms=("cuda",)).as_text()
+  assert "@jaxdnn_conv_fwd(" in text and "@jaxdnn_conv_fwd_fused(" not in text
+  assert "convolution" not in text  # no XLA convolution either

@@ -21,8 +21,8 @@ from jax.test_util import check_grads
 
 import jaxdnn
 from grid import NCHW, NDHWC, NHWC, NWC, Case
-from helpers import (GENERAL_FAMILIES, LOWERING_PLATFORM, lax_conv_hi, problems, rand,
-                     require_supported)
+from helpers import (LOWERING_PLATFORM, general_families_for, lax_conv_hi,
+                     listed_families, problems, rand, require_supported)
 from jaxdnn._src import algorithms
 from jaxdnn._src.geometry import ConvOp
 from tolerances import BF16, F16, F32, F64, assert_close, tolerance
@@ -150,12 +150,6 @@ def test_check_grads_second_order(case):
   check_grads(conv, (x, w), order=2, modes=("fwd", "rev"))
 
 
-def _listed(msg):
-  """The family names after "Families that can:" in a refusal."""
-  tail = msg.split("Families that can:")[1].split("(or")[0]
-  return {name.strip(" .") for name in tail.split(",")}
-
-
 REFUSED = [
     pytest.param(dict(window_strides=(2, 2)), (3, 3), "window_strides 1", id="stride2"),
     pytest.param(dict(window_strides=(1, 1)), (5, 5), "3x3 filter", id="5x5"),
@@ -177,8 +171,8 @@ def test_unsupported_geometry_raises_naming_families_that_can(kwargs, filt, reas
     call(algo=WINO)
   msg = str(info.value)
   assert "algo=WINOGRAD_NONFUSED" in msg and reason in msg, msg
-  listed = _listed(msg)
-  for family in GENERAL_FAMILIES:
+  listed = listed_families(msg)
+  for family in general_families_for(kwargs.get("lhs_dilation")):
     assert family.name in listed, msg
   assert WINO.name not in listed and FUSED.name not in listed, msg
   with pytest.raises(ValueError, match=reason):

@@ -30,6 +30,10 @@ bias_act_backward in s is bias_act_backward(t' * s_dot, s, order + 1).
 Under differentiation (the JVP rule) the forward also stores z when the kind needs the input
 (gelu, silu); a plain forward does not.
 
+A family that runs the problem but carries no epilogue on the backend (the CUDA Winograd and FFT
+families), asked for explicitly, lowers to its own plain forward kernel followed by the epilogue
+as XLA elementwise operations.
+
 Kernels: the first-order bias_act_backward runs on jaxdnn's kernel. Orders >= 2, and platforms
 whose extension has no jaxdnn_bias_act_bwd target, use the jnp expression of D (the kink
 conventions of jax.nn, as activation.h) differentiated by jax: those are the derivatives of a
@@ -432,6 +436,13 @@ def _fused_reference(x, w, bias, residual, *, geometry, out_dtype, activation, a
   return [y, z] if with_preact else [y]
 
 
+def _plain_kernel_only(platform, algo, *problem) -> bool:
+  """Whether `algo` runs the plain forward of this problem on `platform` but not the fused one."""
+  plain = algorithms.unsupported_reason(platform, ConvOp.FORWARD, algo, *problem)
+  return not plain and bool(
+      algorithms.unsupported_reason(platform, ConvOp.FORWARD, algo, *problem, fused=True))
+
+
 def _fused_ffi_call(platform, x, w, bias, residual, *, geometry, algo, precision, out_dtype,
                     activation, activation_param, with_preact):
   g = geometry
@@ -442,6 +453,15 @@ def _fused_ffi_call(platform, x, w, bias, residual, *, geometry, algo, precision
                             activation=activation, activation_param=activation_param,
                             with_preact=with_preact, conv_out=jnp.zeros(y_shape, out_dtype))
   kin, kout = conv_prims._kernel_dtypes(x.dtype, out_dtype)
+  if algo != AUTO and _plain_kernel_only(platform, algo, g, n, c, k, kin, kout, precision):
+    # The requested family runs this convolution but has no kernel carrying the epilogue on this
+    # backend (the CUDA Winograd and FFT families): its own plain forward kernel, then the
+    # epilogue as one XLA elementwise pass. Never another family than the one asked for.
+    conv_out = conv_prims._ffi_call(ConvOp.FORWARD, platform, x, w, geometry=g, algo=algo,
+                                    precision=precision, out_dtype=_compute_dtype(out_dtype))
+    return _fused_reference(x, w, bias, residual, geometry=g, out_dtype=out_dtype,
+                            activation=activation, activation_param=activation_param,
+                            with_preact=with_preact, conv_out=conv_out)
   chosen = algorithms.choose_algorithm(platform, ConvOp.FORWARD, algo, g, n, c, k, kin, kout,
                                        precision, fused=True)
   ws = algorithms.workspace_bytes(platform, ConvOp.FORWARD, chosen, g, n, c, k, kin, kout,

@@ -7,7 +7,7 @@ O=${1:-${OUT:-/tmp/out}}; mkdir -p $O
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee $O/info.txt
 t0=$SECONDS
 nvcc -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 --expt-relaxed-constexpr -lineinfo -Xptxas -v -I ffi/include -I ffi/cuda \
-  tests/cuda/direct/check.cu ffi/cuda/conv_direct.cu ffi/cuda/conv_cuda.cu tests/cuda/direct/gemm_stub.cu -o /tmp/check > $O/build.txt 2>&1 || { grep -v "ptxas info" $O/build.txt | head -50; exit 1; }
+  tests/cuda/direct/check.cu ffi/cuda/conv_direct.cu ffi/cuda/conv_cuda.cu tests/cuda/family_stubs.cu -o /tmp/check > $O/build.txt 2>&1 || { grep -v "ptxas info" $O/build.txt | head -50; exit 1; }
 echo "build $((SECONDS-t0)) s"
 grep -A3 "Compiling entry.*dws_" $O/build.txt | grep -E "spill|Used" | sort | uniq -c | head -20
 t1=$SECONDS

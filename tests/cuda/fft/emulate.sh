@@ -34,7 +34,7 @@ g++ $F -c "$D/conv_fft_emu.cc" -o "$D/fft.o" &
 g++ $F -x c++ -c tests/cuda/fft/check.cu -o "$D/check.o" &
 wait %1 && wait %2
 g++ $F -x c++ -c ffi/cuda/conv_cuda.cu -o "$D/cuda.o"
-g++ $F -x c++ -c tests/cuda/fft/stubs.cu -o "$D/stubs.o"
+g++ $F -x c++ -c tests/cuda/family_stubs.cu -o "$D/stubs.o"
 g++ $F "$D/fft.o" "$D/check.o" "$D/cuda.o" "$D/stubs.o" -o "$D/check" -pthread
 JAXDNN_EMU_THREADS=1 FFT_CHECK_DTYPES=${FFT_CHECK_DTYPES:-f32,bf16,f16,bf16->f32} \
   "$D/check" "${1:-quick}"

@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee
 t0=$SECONDS
 nvcc -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -lineinfo -Xptxas -v \
   -I ffi/include -I ffi/cuda -I tests/cuda/pool \
-  tests/cuda/fft/check.cu ffi/cuda/conv_fft.cu ffi/cuda/conv_cuda.cu tests/cuda/fft/stubs.cu \
+  tests/cuda/fft/check.cu ffi/cuda/conv_fft.cu ffi/cuda/conv_cuda.cu tests/cuda/family_stubs.cu \
   -o /tmp/fftcheck > $O/build.txt 2>&1 || { grep -v "ptxas info" $O/build.txt | head -50; exit 1; }
 echo "build $((SECONDS-t0)) s"; grep -E "spill" $O/build.txt | sort | uniq -c | head
 t1=$SECONDS
