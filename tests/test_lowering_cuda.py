@@ -112,13 +112,17 @@ def test_cuda_lowering_other_geometries(algo, case, op):
   _check_lowering(_lower_cuda(fn, x, w), op, algo)
 
 
+WINOGRADS = [jaxdnn.ConvAlgo.WINOGRAD_NONFUSED, jaxdnn.ConvAlgo.WINOGRAD]
+
+
 @needs_cuda_extension
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", [*DTYPES, pytest.param(F64, id="float64")])
-@pytest.mark.parametrize("algo", [jaxdnn.ConvAlgo.FFT, jaxdnn.ConvAlgo.FFT_TILING],
-                         ids=algo_id)
-def test_cuda_lowering_fft_families(algo, dtype, op):
-  """Both FFT families lower to the CUDA targets for fwd, dgrad and wgrad (stride 1)."""
+@pytest.mark.parametrize("algo", [jaxdnn.ConvAlgo.FFT, jaxdnn.ConvAlgo.FFT_TILING,
+                                  *WINOGRADS], ids=algo_id)
+def test_cuda_lowering_fast_families(algo, dtype, op):
+  """The FFT and Winograd families take the 3x3 stride-1 problem on CUDA in all three
+  operations, with a workspace operand sized at trace time, and lower to the CUDA targets."""
   x, w, conv, c = _setup(SIMPLE, dtype, algo)
   fn = _op_fn(op, conv, c)
   for p_op, g, n, ch, k, kin, kout, prec in problems(fn, x, w):
@@ -135,25 +139,6 @@ def test_cuda_fft_families_refused_at_lowering_when_strided(algo):
   x, w, conv, _ = _setup(OTHERS["nchw-stride2"], F32, algo)
   with pytest.raises(ValueError, match=rf"{algo.name} needs window_strides 1.*Families that can:"):
     _lower_cuda(conv, x, w)
-
-
-WINOGRADS = [jaxdnn.ConvAlgo.WINOGRAD_NONFUSED, jaxdnn.ConvAlgo.WINOGRAD]
-
-
-@needs_cuda_extension
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("algo", WINOGRADS, ids=algo_id)
-def test_cuda_lowering_winograd(algo, dtype, op):
-  """The CUDA Winograd families take 3x3 stride-1 problems in all three operations, with a
-  workspace operand sized at trace time."""
-  x, w, conv, c = _setup(SIMPLE, dtype, algo)
-  fn = _op_fn(op, conv, c)
-  for p_op, g, n, ch, k, kin, kout, prec in problems(fn, x, w):
-    why = algorithms.unsupported_reason("cuda", p_op, algo, g, n, ch, k, kin, kout, prec)
-    assert why == "", f"CUDA {algo.name} rejects the simple geometry ({p_op.name}): {why}"
-    assert algorithms.workspace_bytes("cuda", p_op, algo, g, n, ch, k, kin, kout, prec) > 0
-  _check_lowering(_lower_cuda(fn, x, w), op, algo)
 
 
 @needs_cuda_extension
