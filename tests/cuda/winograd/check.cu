@@ -409,12 +409,18 @@ struct Layer {
 };
 
 void bench(const Layer& L, DType T, Layout layout, ConvAlgo algo, FILE* csv) {
+  // BENCH_LAYERS (names, comma-separated), BENCH_ITERS and BENCH_MAIN_ONLY (fp32 NHWC
+  // WINOGRAD_NONFUSED alone) narrow the table, e.g. for ncu.
+  if (const char* only = getenv("BENCH_LAYERS"); only && !strstr(only, L.name)) return;
+  if (getenv("BENCH_MAIN_ONLY") && (T != DType::kF32 || layout != Layout::kNHWC ||
+                                    algo != ConvAlgo::kWinogradNonfused))
+    return;
   ConvProblem p;
   p.layout = layout, p.spatial_dims = 2, p.N = L.N, p.C = L.C, p.K = L.K, p.G = 1;
   p.in[1] = L.H, p.in[2] = L.W, p.filt[1] = p.filt[2] = 3;
   p.pad_lo[1] = p.pad_lo[2] = p.pad_hi[1] = p.pad_hi[2] = 1;
   p.out[1] = L.H, p.out[2] = L.W;
-  const int NB = 2, iters = 20;
+  const int NB = 2, iters = getenv("BENCH_ITERS") ? std::max(2, atoi(getenv("BENCH_ITERS"))) : 20;
   const size_t eb = dtype_bytes(T);
   std::vector<void*> X(NB), W(NB), DY(NB), O(NB);
   uint32_t seed = 1;
