@@ -157,17 +157,22 @@ def main():
   parser.add_argument("--dtype", default=None, help="default: float32 on cpu, bfloat16 on gpu")
   parser.add_argument("--csv", default=None, help="write the table as CSV")
   parser.add_argument("--no-torch", action="store_true")
+  parser.add_argument("--inner", type=int, default=None,
+                      help="calls issued back to back per sample, so that asynchronous dispatch "
+                      "hides the host's per-call latency (default: 1 on the CPU, 10 on a GPU)")
   args = parser.parse_args()
   platform = args.platform or ("gpu" if jax.default_backend() == "gpu" else "cpu")
   device = jax.devices(platform)[0]
   gpu = platform == "gpu"
   dtype = jnp.dtype(args.dtype or ("bfloat16" if gpu else "float32"))
   k = args.k or (8 if gpu else 4)
+  inner = args.inner or (10 if gpu else 1)
   cases = GPU_CASES if gpu else CPU_CASES
   rng = np.random.default_rng(0)
   threads = jaxdnn._src.ffi.load_cpu_extension().num_threads()
   header = (f"jax {jax.__version__}, {device.device_kind} ({platform}), {os.cpu_count()} host "
-            f"cores, jaxdnn CPU threads {threads}, dtype {dtype}, K={k}, commit {git_commit()}, "
+            f"cores, jaxdnn CPU threads {threads}, dtype {dtype}, K={k}, {inner} calls per "
+            f"sample, commit {git_commit()}, "
             f"{datetime.date.today()}")
   print(header)
   print(f"{'case':32s} {'op':4s} {'jaxdnn ms':>10s} {'XLA ms':>10s} {'torch ms':>9s} "
@@ -191,8 +196,8 @@ def main():
         else:
           wrap, operands = _batched_vjp, (xs, cts)
           moved = (2 * in_bytes + out_bytes) if kind == "max" else (in_bytes + out_bytes)
-        t_ours = time_call(wrap(ours), operands, args.repeats, args.budget) / k
-        t_ref = time_call(wrap(ref), operands, args.repeats, args.budget) / k
+        t_ours = time_call(wrap(ours), operands, args.repeats, args.budget, inner) / k
+        t_ref = time_call(wrap(ref), operands, args.repeats, args.budget, inner) / k
         t_torch = None
         if gpu and not args.no_torch:
           ms = _torch_time(kind, layout, window, strides, padding, shape, dtype, op, k,
