@@ -27,6 +27,7 @@ conv_kw = dict(window_strides=(1, 1), padding=[(1, 1), (1, 1)],
 CASES = {
     "jaxdnn.relu": (lambda x: jaxdnn.relu(x), (x_act,)),
     "jax.nn.relu": (lambda x: jax.nn.relu(x), (x_act,)),
+    "jaxdnn.gelu": (lambda x: jaxdnn.gelu(x, approximate=False), (x_act,)),
     "jaxdnn.relu bwd": (lambda x, g: jax.vjp(jaxdnn.relu, x)[1](g), (x_act, x_act)),
     "jaxdnn.max_pool": (lambda x: jaxdnn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1))),
                         (x_pool,)),
