@@ -1,7 +1,8 @@
-"""The Hopper wgmma path of IMPLICIT_PRECOMP_GEMM forward (16-bit NHWC, channels per group a
-multiple of 64), through jaxdnn.conv on the GPU, against the float64 lax oracle; the same calls
-with JAXDNN_NO_WGMMA=1 run the mma.sync kernel and must agree to rounding. On a non-sm_90 GPU
-both runs use the mma.sync kernel. Skipped without a GPU."""
+"""The Hopper wgmma path of IMPLICIT_PRECOMP_GEMM forward (NHWC; 16-bit with channels per group a
+multiple of 64, or float32 at DEFAULT precision (TF32) with channels per group a multiple of 32),
+through jaxdnn.conv on the GPU, against the float64 lax oracle; the same calls with
+JAXDNN_NO_WGMMA=1 run the mma.sync kernel and must agree to rounding. On a non-sm_90 GPU both runs
+use the mma.sync kernel, as do the 16-bit runs of the 32-channel cases. Skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -28,13 +29,17 @@ CASES = [
     ("r50_c4_like", (14, 14), 8, 256, 256, 1, (3, 3), (1, 1), (1, 1), [(1, 1), (1, 1)]),
     ("1d_c64k128_k7", (50,), 2, 64, 128, 1, (7,), (1,), (1,), [(3, 3)]),
     ("3d_c64k64", (5, 6, 7), 2, 64, 64, 1, (3, 3, 3), (1, 1, 1), (1, 1, 1), [(1, 1)] * 3),
+    # wgmma in float32 only (K steps of 32 channels)
+    ("c32k40_odd", (13, 11), 3, 32, 40, 1, (3, 3), (1, 1), (1, 1), [(1, 1), (1, 1)]),
+    ("g2_c64k48_s2", (15, 13), 2, 64, 48, 2, (3, 3), (2, 2), (1, 1), [(1, 1), (0, 1)]),
+    ("c96k64_5x5", (11, 9), 2, 96, 64, 1, (5, 5), (1, 1), (1, 1), [(2, 2), (2, 2)]),
 ]
 DNUMS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
 
 
 @pytest.mark.parametrize("dtype,out_dtype", [(jnp.bfloat16, None), (jnp.float16, None),
-                                             (jnp.bfloat16, jnp.float32)],
-                         ids=["bf16", "f16", "bf16_to_f32"])
+                                             (jnp.bfloat16, jnp.float32), (jnp.float32, None)],
+                         ids=["bf16", "f16", "bf16_to_f32", "tf32"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_wgmma_forward_matches_oracle_and_mma_sync(case, dtype, out_dtype, monkeypatch):
   _, spatial, n, c, k, g, filt, stride, dil, pad = case
@@ -69,3 +74,19 @@ def test_wgmma_forward_grad_and_vmap():
   x64 = x.astype(jnp.float64)
   gref = jax.grad(lambda b: jnp.sum(lax_conv_hi(x64, b, **kw) ** 2))(w.astype(jnp.float64))
   assert relative_error(gw, gref) < 5e-2
+
+
+@pytest.mark.parametrize("case", CASES[-3:], ids=[c[0] for c in CASES[-3:]])
+def test_float32_highest_never_tf32(case):
+  """float32 at HIGHEST precision is true fp32 (the wgmma kernel is TF32): the fp32 bound holds,
+  which TF32 (~1e-4 relative error at best) would miss."""
+  _, spatial, n, c, k, g, filt, stride, dil, pad = case
+  x = rand((n, *spatial, c), jnp.float32, seed=5)
+  w = rand((*filt, c // g, k), jnp.float32, seed=6)
+  kw = dict(window_strides=stride, padding=pad, rhs_dilation=dil,
+            dimension_numbers=DNUMS[len(spatial)], feature_group_count=g)
+  y = jax.jit(lambda a, b: jaxdnn.conv(a, b, **kw, precision=jax.lax.Precision.HIGHEST,
+                                       algo="implicit_precomp_gemm"))(x, w)
+  tol = tolerance(jnp.float32, precision=jax.lax.Precision.HIGHEST)
+  assert tol <= 1e-5
+  assert relative_error(y, lax_conv64(x, w, **kw)) < tol

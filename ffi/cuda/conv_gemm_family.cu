@@ -35,7 +35,8 @@
 // Tiles (4 warps, 2x2, 128 threads; cp.async multi-stage pipeline, padded smem rows, no conflicts):
 //   bf16/f16: 128x64x32, 4 stages, warp tile 64x32, ldmatrix(.trans) + mma.sync m16n8k16 (fp32 acc);
 //             forward also 128x128x32 (warp tile 64x64), picked when it fixes wave quantization.
-//   tf32:     128x64x16, 4 stages, mma.sync m16n8k8 tf32 (cvt.rna), fp32 acc.
+//   tf32:     128x64x16, 4 stages, mma.sync m16n8k8 tf32 (cvt.rna), fp32 acc (sm_90 NHWC forward
+//             with Cg % 32 == 0: the wgmma kernel, conv_wgmma.cu).
 //   f32 (kHighest): 128x64x16, 4 stages, SIMT FFMA 8x8 per thread. f64: 64x64x16, 3 stages, DFMA.
 // Workspace = [GEMM family: column buffer, N*Z*P*Q*G*T*R*S*Cg elements of the input type (fwd,
 //   wgrad) or of the accumulation type (dgrad)] + [split-K > 1: splits*G*phases*Mmax*Ngemm

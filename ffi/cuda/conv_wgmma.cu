@@ -1,13 +1,20 @@
-// IMPLICIT_PRECOMP_GEMM forward on Hopper's warpgroup MMA (wgmma, sm_90a), 16-bit NHWC.
+// IMPLICIT_PRECOMP_GEMM forward on Hopper's warpgroup MMA (wgmma, sm_90a), NHWC, 16-bit or
+// float32 with TF32 math (precision DEFAULT/HIGH; HIGHEST never comes here).
 //
 // GEMM view: M = N*Z*P*Q output pixels, N = Kg output channels of a group, K = taps*Cg with
 // k = tap*Cg + c. A (activations) is gathered from x through per-tap offsets precomputed once per
 // CTA into shared memory; B is the filter, transposed once per call into the workspace as
-// [G*Kg][taps*Cg], so both operands are K-major. A pipeline stage holds A [BM][64] and B [BN][64]
-// in the 128-byte-swizzled layout that wgmma's shared-memory descriptors read (16-byte chunk c of
-// row r sits at chunk c ^ (r % 8)); cp.async fills them (zeros outside the image) while one
-// warpgroup (128 threads) runs m64nBNk16 wgmmas on the previous stage, accumulating in fp32
-// registers. The epilogue stages the fp32 tile through shared memory for 16-byte stores.
+// [G*Kg][taps*Cg], so both operands are K-major (tf32 wgmma accepts nothing else). A pipeline
+// stage holds A [BM][BK] and B [BN][BK], one 128-byte row per tile row (BK = 64 16-bit or 32 fp32
+// values), in the 128-byte-swizzled layout that wgmma's shared-memory descriptors read (16-byte
+// chunk c of row r sits at chunk c ^ (r % 8)); cp.async fills them (zeros outside the image) while
+// one warpgroup (128 threads) runs four wgmmas per stage (m64nBNk16, or m64nBNk8 for tf32: 32
+// bytes of K each) on the previous stage, accumulating in fp32 registers. The epilogue stages the
+// fp32 tile through shared memory for 16-byte stores.
+//
+// TF32 rounding: the filter is rounded to TF32 (cvt.rna, as the mma.sync path) in the transpose;
+// activations go global -> shared by cp.async untouched, and the tensor core truncates them (it
+// ignores the low 13 mantissa bits), as cuBLAS/XLA do with raw fp32 operands.
 //
 // Persistent mode (short reductions, e.g. a 1x1 layer with 64 input channels: one K step per
 // tile, so a CTA would load, multiply and store with nothing overlapping): a grid of at most the
@@ -16,10 +23,11 @@
 // epilogue runs. That epilogue stores straight from the accumulator registers (the pipeline
 // buffers are busy); only a CTA's last tile, with the pipeline drained, takes the staged one.
 //
-// Taken when (wgmma_fwd_reason() == ""): forward, bf16/f16 in, out = in or f32, NHWC, unit lhs
-// dilation, Cg % 64 == 0 (a 64-wide K step never straddles two taps), Kg % 8 == 0, at most 256
-// taps, and the device is sm_90. Otherwise conv_gemm_family.cu's mma.sync kernel runs the same
-// algorithm (same family, same tap tables).
+// Taken when (wgmma_fwd_reason() == ""): forward, bf16/f16 in with out = in or f32, or f32 in and
+// out at precision != HIGHEST; NHWC, unit lhs dilation, Cg % BK == 0 (a K step never straddles two
+// taps: 64 channels in 16-bit, 32 in fp32), Kg % 8 == 0, at most 256 taps, and the device is
+// sm_90. Otherwise conv_gemm_family.cu's mma.sync kernel runs the same algorithm (same family,
+// same tap tables).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -50,20 +58,29 @@ using gemm::cp_async_wait;
 using gemm::smem_u32;
 
 constexpr int kThreads = 128;  // one warpgroup
-constexpr int kBK = 64;        // K per stage: 64 16-bit values = one 128-byte swizzle row
 constexpr int kMaxTaps = 256;
 constexpr int kPersistentMaxSteps = 4;  // K steps per tile up to which the grid is persistent
+constexpr int kRowBytes = 128;  // K per stage (a K step): one 128-byte swizzle row per tile row
+
+// Input kinds: the wgmma flavour and the element type of x and the transposed filter.
+enum WgIn { kInBF16, kInF16, kInTF32 };
+template <int IN>
+struct WgType {
+  using E = std::conditional_t<IN == kInTF32, float, unsigned short>;
+  static constexpr int BK = kRowBytes / sizeof(E);  // K values per stage (64 or 32)
+};
+int k_step(DType in) { return kRowBytes / static_cast<int>(dtype_bytes(in)); }  // host: BK
 
 struct WgParams {
-  const unsigned short* x;
-  const unsigned short* wt;  // [G*Kg][taps*Cg]
+  const void* x;
+  const void* wt;  // [G*Kg][taps*Cg]
   void* y;
   int D, H, W, Z, P, Q;
   int C, K, Cg, Kg;
   int R, S;
   int str[3], dil[3], pad[3];
   int M, ntap, Kred, tilesM, tilesN;
-  int out;  // 0: same 16-bit type as the input, 1: float32
+  int out;  // 0: same 16-bit type as the input, 1: float32 (always for tf32)
   int pipe_bytes;  // shared memory of the pipeline stages (and C tile); the tap table follows
   EpiDev epi;  // fused epilogue (bias, residual, activation)
 };
@@ -90,13 +107,16 @@ __device__ __forceinline__ void fence_acc(float (&a)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(a[i])::"memory");
 }
 
-template <bool F16, int BN>
+// One 32-byte K slice of the stage: k16 for 16-bit types, k8 for tf32.
+template <int IN, int BN>
 __device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t db) {
   if constexpr (BN == 128) {
-    if constexpr (F16) wg::mma_m64n128k16_f16(d, da, db, 1);
+    if constexpr (IN == kInTF32) wg::mma_m64n128k8_tf32(d, da, db, 1);
+    else if constexpr (IN == kInF16) wg::mma_m64n128k16_f16(d, da, db, 1);
     else wg::mma_m64n128k16_bf16(d, da, db, 1);
   } else {
-    if constexpr (F16) wg::mma_m64n64k16_f16(d, da, db, 1);
+    if constexpr (IN == kInTF32) wg::mma_m64n64k8_tf32(d, da, db, 1);
+    else if constexpr (IN == kInF16) wg::mma_m64n64k16_f16(d, da, db, 1);
     else wg::mma_m64n64k16_bf16(d, da, db, 1);
   }
 }
@@ -110,10 +130,17 @@ __device__ __forceinline__ uint32_t pack2(float a, float b, bool f16) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-template <bool F16, int BM, int BN>
+template <int IN, int BM, int BN>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgParams p) {
 #ifdef JAXDNN_HAS_WGMMA
   using Cf = WgCfg<BM, BN>;
+  using E = typename WgType<IN>::E;
+  constexpr int BK = WgType<IN>::BK;
+  constexpr int VEC = 16 / sizeof(E);  // values per 16-byte cp.async chunk
+  constexpr bool kF16 = IN == kInF16;
+  const bool out32 = IN == kInTF32 || p.out;
+  const E* x = static_cast<const E*>(p.x);
+  const E* wt = static_cast<const E*>(p.wt);
   constexpr int ST = Cf::ST;
   constexpr int RA = BM / 16, RB = BN / 16;  // tile rows per thread (16 rows per pass)
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -122,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   const int tid = threadIdx.x;
   const int g = blockIdx.z;
   const int tiles = p.tilesM * p.tilesN;
-  const int nk = p.Kred / kBK;
+  const int nk = p.Kred / BK;
 
   // tap j -> (d, h, w) displacement and its element offset in an image
   for (int j = tid; j < p.ntap; j += kThreads) {
@@ -158,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
         a_w[i] = q * p.str[2] - p.pad[2];
         a_off[i] = n * img +
                    ((static_cast<long long>(a_z[i]) * p.H + a_h[i]) * p.W + a_w[i]) * p.C +
-                   static_cast<long long>(g) * p.Cg + cc * 8;
+                   static_cast<long long>(g) * p.Cg + cc * VEC;
       } else {
         a_z[i] = INT_MIN / 2;  // fails every bounds test
         a_h[i] = a_w[i] = 0;
@@ -169,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     for (int i = 0; i < RB; ++i) {
       const int n = n_base + r0 + 16 * i;
       b_ok[i] = n < p.Kg;
-      b_off[i] = (static_cast<long long>(g) * p.Kg + n) * p.Kred + cc * 8;
+      b_off[i] = (static_cast<long long>(g) * p.Kg + n) * p.Kred + cc * VEC;
     }
   };
   int ld_tile = blockIdx.x, ld_kt = 0;
@@ -179,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   auto load = [&](int kt, int s) {
     unsigned char* As = smem + s * Cf::STAGE;
     unsigned char* Bs = As + Cf::A_BYTES;
-    const int k0 = kt * kBK;
+    const int k0 = kt * BK;
     const int j = k0 / p.Cg, c0 = k0 - j * p.Cg;
     const int4 e = tbl[j];
 #pragma unroll
@@ -187,11 +214,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       const bool v = static_cast<unsigned>(a_z[i] + e.x) < static_cast<unsigned>(p.D) &&
                      static_cast<unsigned>(a_h[i] + e.y) < static_cast<unsigned>(p.H) &&
                      static_cast<unsigned>(a_w[i] + e.z) < static_cast<unsigned>(p.W);
-      cp_async16(As + (r0 + 16 * i) * 128 + swz, p.x + (v ? a_off[i] + e.w + c0 : 0), v);
+      cp_async16(As + (r0 + 16 * i) * 128 + swz, x + (v ? a_off[i] + e.w + c0 : 0), v);
     }
 #pragma unroll
     for (int i = 0; i < RB; ++i)
-      cp_async16(Bs + (r0 + 16 * i) * 128 + swz, p.wt + (b_ok[i] ? b_off[i] + k0 : 0), b_ok[i]);
+      cp_async16(Bs + (r0 + 16 * i) * 128 + swz, wt + (b_ok[i] ? b_off[i] + k0 : 0), b_ok[i]);
   };
   // The loader's next K step into stage s (an empty group once every tile is loaded).
   auto load_next = [&](int s) {
@@ -228,11 +255,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       for (int mb = 0; mb < BM / 64; ++mb) fence_acc(acc[mb]);
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
+      for (int kk = 0; kk < kRowBytes / 32; ++kk) {  // 32-byte K slices of the 128-byte rows
         const uint64_t db = sw128_desc(sb + kk * 32);
 #pragma unroll
         for (int mb = 0; mb < BM / 64; ++mb)
-          wg_mma<F16, BN>(acc[mb], sw128_desc(sa + mb * 64 * 128 + kk * 32), db);
+          wg_mma<IN, BN>(acc[mb], sw128_desc(sa + mb * 64 * 128 + kk * 32), db);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       // refill the stage the previous MMA read while this one runs
@@ -265,11 +292,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
               v0 = epi_apply<float>(p.epi, off, v0);
               v1 = epi_apply<float>(p.epi, off + 1, v1);
             }
-            if (p.out)
+            if (out32)
               *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
             else
               *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + off) =
-                  pack2(v0, v1, F16);
+                  pack2(v0, v1, kF16);
           }
         }
       }
@@ -316,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
         lo = make_float4(v[0], v[1], v[2], v[3]);
         hi = make_float4(v[4], v[5], v[6], v[7]);
       }
-      if (p.out) {
+      if (out32) {
         float* d = static_cast<float*>(p.y) + off;
         if (full) {
           reinterpret_cast<float4*>(d)[0] = lo;
@@ -327,10 +354,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
         }
       } else {
         uint4 pk;
-        pk.x = pack2(lo.x, lo.y, F16);
-        pk.y = pack2(lo.z, lo.w, F16);
-        pk.z = pack2(hi.x, hi.y, F16);
-        pk.w = pack2(hi.z, hi.w, F16);
+        pk.x = pack2(lo.x, lo.y, kF16);
+        pk.y = pack2(lo.z, lo.w, kF16);
+        pk.z = pack2(hi.x, hi.y, kF16);
+        pk.w = pack2(hi.z, hi.w, kF16);
         unsigned short* d = static_cast<unsigned short*>(p.y) + off;
         if (full) {
           *reinterpret_cast<uint4*>(d) = pk;
@@ -345,14 +372,20 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 }
 
 // wt[k][row] = w[row][k]: HWIO filter as a [taps*Cg][K] matrix -> [K][taps*Cg] (K-major B).
-__global__ void __launch_bounds__(256) transpose_filter_kernel(const unsigned short* __restrict__ w,
-                                                              unsigned short* __restrict__ wt,
-                                                              int rows, int cols) {
-  __shared__ unsigned short tile[32][33];
+// fp32 values are rounded to TF32 on the way (free here; the activations cannot be: cp.async).
+template <class E>
+__global__ void __launch_bounds__(256) transpose_filter_kernel(const E* __restrict__ w,
+                                                              E* __restrict__ wt, int rows,
+                                                              int cols) {
+  __shared__ E tile[32][33];
   const int bx = blockIdx.x * 32, by = blockIdx.y * 32;
   for (int i = threadIdx.y; i < 32; i += 8) {
     const int r = by + i, c = bx + threadIdx.x;
-    if (r < rows && c < cols) tile[i][threadIdx.x] = w[static_cast<long long>(r) * cols + c];
+    if (r < rows && c < cols) {
+      E v = w[static_cast<long long>(r) * cols + c];
+      if constexpr (std::is_same_v<E, float>) v = __uint_as_float(gemm::to_tf32(v));
+      tile[i][threadIdx.x] = v;
+    }
   }
   __syncthreads();
   for (int i = threadIdx.y; i < 32; i += 8) {
@@ -379,10 +412,10 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
-template <bool F16, int BM, int BN>
+template <int IN, int BM, int BN>
 std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   using Cf = WgCfg<BM, BN>;
-  auto kern = wgmma_conv_fwd_kernel<F16, BM, BN>;
+  auto kern = wgmma_conv_fwd_kernel<IN, BM, BN>;
   static std::atomic<unsigned long long> attr_done{0};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -397,7 +430,7 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   // One tile per CTA touches only the first min(K steps, ST) stages, then the C tile: a short
   // reduction (a 1x1 layer over 64 channels: one step) needs less shared memory, so more CTAs
   // fit on an SM. The persistent walk cycles through every stage.
-  const int steps = p.Kred / kBK;
+  const int steps = p.Kred / WgType<IN>::BK;
   p.pipe_bytes = persistent ? Cf::PIPE
                             : std::max(std::min(steps, Cf::ST) * Cf::STAGE, BM * Cf::LDC * 4);
   p.pipe_bytes = (p.pipe_bytes + 1023) & ~1023;  // stages stay 1024-byte aligned (swizzle)
@@ -422,10 +455,12 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
 std::string wgmma_fwd_reason(const CudaConvCall& c) {
   const ConvProblem& pb = c.problem;
   if (c.op != ConvOp::kForward || c.algo != ConvAlgo::kImplicitPrecompGemm) return "not PRECOMP forward";
-  if (c.in != DType::kBF16 && c.in != DType::kF16) return "not 16-bit";
+  const bool tf32 = c.in == DType::kF32 && c.precision != MathPrecision::kHighest;
+  if (c.in != DType::kBF16 && c.in != DType::kF16 && !tf32)
+    return "not 16-bit, nor float32 with TF32 allowed";
   if (c.out != c.in && c.out != DType::kF32) return "result dtype";
   if (pb.layout != Layout::kNHWC || !pb.unit_lhs_dilation()) return "layout or lhs dilation";
-  if (pb.Cg() % 64 != 0 || pb.Kg() % 8 != 0) return "channels per group";
+  if (pb.Cg() % k_step(c.in) != 0 || pb.Kg() % 8 != 0) return "channels per group";
   if (pb.filt_taps() > kMaxTaps) return "too many taps";
   if (pb.x_elems() == 0 || pb.y_elems() == 0 || pb.w_elems() == 0) return "empty operand";
   const long long img = pb.in[0] * pb.in[1] * pb.in[2] * pb.C;
@@ -437,7 +472,9 @@ std::string wgmma_fwd_reason(const CudaConvCall& c) {
 }
 
 size_t wgmma_fwd_workspace_bytes(const CudaConvCall& c) {
-  return wgmma_fwd_reason(c).empty() ? align256(static_cast<size_t>(c.problem.w_elems()) * 2) : 0;
+  return wgmma_fwd_reason(c).empty()
+             ? align256(static_cast<size_t>(c.problem.w_elems()) * dtype_bytes(c.in))
+             : 0;
 }
 
 bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string* err) {
@@ -453,8 +490,8 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
   if ((reinterpret_cast<uintptr_t>(io.out) & 15) != 0 || (reinterpret_cast<uintptr_t>(io.a) & 15) != 0)
     return false;
   WgParams p{};
-  p.x = static_cast<const unsigned short*>(io.a);
-  p.wt = static_cast<const unsigned short*>(io.workspace);
+  p.x = io.a;
+  p.wt = io.workspace;
   p.y = io.out;
   p.D = static_cast<int>(pb.in[0]); p.H = static_cast<int>(pb.in[1]); p.W = static_cast<int>(pb.in[2]);
   p.Z = static_cast<int>(pb.out[0]); p.P = static_cast<int>(pb.out[1]); p.Q = static_cast<int>(pb.out[2]);
@@ -474,17 +511,24 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
   for (const void* q : {io.epi.bias, io.epi.residual, static_cast<const void*>(io.epi.preact)})
     if ((reinterpret_cast<uintptr_t>(q) & 15) != 0) return false;  // the mma.sync kernel runs
 
+  const int in = c.in == DType::kF32 ? kInTF32 : c.in == DType::kF16 ? kInF16 : kInBF16;
   dim3 tb(32, 8), tg(static_cast<unsigned>((p.K + 31) / 32), static_cast<unsigned>((p.Kred + 31) / 32));
-  transpose_filter_kernel<<<tg, tb, 0, io.stream>>>(static_cast<const unsigned short*>(io.b),
-                                                    static_cast<unsigned short*>(io.workspace),
-                                                    p.Kred, p.K);
+  if (in == kInTF32)
+    transpose_filter_kernel<float><<<tg, tb, 0, io.stream>>>(
+        static_cast<const float*>(io.b), static_cast<float*>(io.workspace), p.Kred, p.K);
+  else
+    transpose_filter_kernel<unsigned short><<<tg, tb, 0, io.stream>>>(
+        static_cast<const unsigned short*>(io.b), static_cast<unsigned short*>(io.workspace),
+        p.Kred, p.K);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     *err = std::string("filter transpose launch: ") + cudaGetErrorString(e);
     return true;
   }
   // The largest tile that still gives every SM a CTA (H200: 132 SMs), BN = 64 for Kg <= 64.
-  // JAXDNN_WGMMA_TILE=128x128|64x128|64x64 forces one (testing).
+  // The same for tf32: a stage holds the same bytes (half the K values), so the tiles have the
+  // same shared memory, stage count and CTAs per SM. JAXDNN_WGMMA_TILE=128x128|64x128|64x64
+  // forces one (testing).
   const int G = static_cast<int>(pb.G);
   auto ctas = [&](int bm, int bn) {
     return ((p.M + bm - 1) / bm) * static_cast<long long>((p.Kg + bn - 1) / bn) * G;
@@ -494,31 +538,26 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
     const std::string t(f);
     tile = t == "128x128" ? 0 : t == "64x128" ? 1 : t == "64x64" ? 2 : tile;
   }
-  const bool f16 = c.in == DType::kF16;
   p.tilesN = tile == 2 ? (p.Kg + 63) / 64 : (p.Kg + 127) / 128;
   p.tilesM = (p.M + (tile == 0 ? 127 : 63)) / (tile == 0 ? 128 : 64);
   // Persistent tile walk for short reductions (at most kPersistentMaxSteps K steps per tile)
   // into narrow output tiles (BN = 64). H200 bf16, kernel-only: r50_c2_1x1_dn (Kred 256, BN 64)
   // 0.0328 -> 0.0294 ms; r50_c2_1x1_up (Kred 64, BN 128) 0.054 -> 0.091 ms, where the register
   // stores of the wide 128x128 tiles cost more than the overlap gains, so it stays one tile per
-  // CTA. JAXDNN_WGMMA_PERSISTENT=0|1 forces either (testing).
-  bool persistent = p.Kred / kBK <= kPersistentMaxSteps && tile == 2;
+  // CTA. A K step is 128 bytes of K in every type (the same loads and MMA time), so the bound
+  // counts steps. JAXDNN_WGMMA_PERSISTENT=0|1 forces either (testing).
+  bool persistent = p.Kred / k_step(c.in) <= kPersistentMaxSteps && tile == 2;
   if (const char* f = std::getenv("JAXDNN_WGMMA_PERSISTENT"); f && (f[0] == '0' || f[0] == '1'))
     persistent = f[0] == '1';
-  auto run = [&](auto f16_tag, auto bm, auto bn) {
-    return launch<decltype(f16_tag)::value, decltype(bm)::value, decltype(bn)::value>(
-        p, G, persistent, io.stream);
+  auto run = [&](auto in_tag) {
+    constexpr int I = decltype(in_tag)::value;
+    if (tile == 0) return launch<I, 128, 128>(p, G, persistent, io.stream);
+    if (tile == 1) return launch<I, 64, 128>(p, G, persistent, io.stream);
+    return launch<I, 64, 64>(p, G, persistent, io.stream);
   };
-  using T = std::true_type;
-  using F = std::false_type;
-  using I64 = std::integral_constant<int, 64>;
-  using I128 = std::integral_constant<int, 128>;
-  if (tile == 0)
-    *err = f16 ? run(T{}, I128{}, I128{}) : run(F{}, I128{}, I128{});
-  else if (tile == 1)
-    *err = f16 ? run(T{}, I64{}, I128{}) : run(F{}, I64{}, I128{});
-  else
-    *err = f16 ? run(T{}, I64{}, I64{}) : run(F{}, I64{}, I64{});
+  *err = in == kInTF32 ? run(std::integral_constant<int, kInTF32>{})
+         : in == kInF16 ? run(std::integral_constant<int, kInF16>{})
+                        : run(std::integral_constant<int, kInBF16>{});
   return true;
 }
 

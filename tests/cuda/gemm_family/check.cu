@@ -1,5 +1,9 @@
 // Standalone checker/timer for the GEMM-family convolution kernels (conv_gemm_family.cu).
-// Usage: check [--quick] [--no-time] [--layers FILE] [--csv FILE]
+// Usage: check [--quick] [--no-time] [--no-check] [--fwd-only] [--only DT[,DT..]] [--layers FILE]
+//              [--csv FILE]
+//   --fwd-only: forward only (checks and timing; timing: IMPLICIT_PRECOMP_GEMM, bf16 unless --only)
+//   --only: the dtype combinations by name (bf16, f16, tf32, f32, f64, bf16>f32, f16>f32)
+// Every forward check is repeated with a fused epilogue (bias + residual, leaky_relu, preact).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "conv_cuda.h"
+#include "jaxdnn/activation.h"
 
 using namespace jaxdnn;
 using namespace jaxdnn::cuda;
@@ -186,7 +191,42 @@ std::vector<double> rnd(size_t n) {
 const char* algo_s(ConvAlgo a) { return a == ConvAlgo::kImplicitGemm ? "IG" : a == ConvAlgo::kImplicitPrecompGemm ? "IPG" : "GEMM"; }
 const char* op_s(ConvOp o) { return o == ConvOp::kForward ? "fwd" : o == ConvOp::kBackwardData ? "dgrad" : "wgrad"; }
 
-int run_checks(bool quick) {
+bool selected(const std::string& only, const char* name) {
+  if (only.empty()) return true;
+  std::stringstream ss(only);
+  for (std::string t; std::getline(ss, t, ',');)
+    if (t == name) return true;
+  return false;
+}
+
+// Fused-epilogue reference on the plain result (same layout): z = y + bias[k] + res[i],
+// out = leaky_relu(z, 0.1); preact = z.
+constexpr double kEpiSlope = 0.1;
+void epi_ref(const ConvProblem& pb, const std::vector<double>& y, const std::vector<double>& bias,
+             const std::vector<double>& res, std::vector<double>& z, std::vector<double>& out) {
+  const long long K = pb.K, pix = pb.out_pixels();
+  z.resize(y.size());
+  out.resize(y.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    const long long k = pb.layout == Layout::kNHWC ? i % K : (i / pix) % K;
+    z[i] = y[i] + bias[k] + res[i];
+    out[i] = activate<double>(Activation::kLeakyRelu, z[i], kEpiSlope);
+  }
+}
+
+double rel_err(DType t, const std::vector<unsigned char>& got, const std::vector<double>& ref,
+               long long* nans) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    double o = from_bytes(t, &got[i * dtype_bytes(t)]);
+    if (std::isnan(o)) { ++*nans; continue; }
+    num += (o - ref[i]) * (o - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+int run_checks(bool quick, bool fwd_only, const std::string& only) {
   struct Case { const char* name; ConvProblem p; };
   std::vector<Case> cases;
   auto add = [&](const char* n, ConvProblem p) { cases.push_back({n, p}); };
@@ -204,6 +244,14 @@ int run_checks(bool quick) {
     add("wg_3d_c64k64", make_problem(L, 3, 2, 64, 64, 1, {5, 6, 7}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}));
     add("wg_c192k256_5x5", make_problem(L, 2, 2, 192, 256, 1, {9, 10}, {5, 5}, {1, 1}, {1, 1}, {2, 2}, {2, 2}));
     add("wg_1d_c64k128_k7", make_problem(L, 1, 2, 64, 128, 1, {50}, {7}, {1}, {1}, {3}, {3}));
+    // Cg % 32 == 0: the float32 forward at TF32 precision runs it too (32-wide K steps: one per
+    // tap at Cg 32, three at Cg 96), with odd sizes, groups (Kg 24), stride 2, asymmetric padding
+    add("tf_c32k40_3x3_odd", make_problem(L, 2, 3, 32, 40, 1, {13, 11}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}));
+    add("tf_g2_c64k48_s2", make_problem(L, 2, 2, 64, 48, 2, {15, 13}, {3, 3}, {2, 2}, {1, 1}, {1, 0}, {1, 1}));
+    add("tf_c96k64_5x5", make_problem(L, 2, 2, 96, 64, 1, {11, 9}, {5, 5}, {1, 1}, {1, 1}, {2, 2}, {2, 2}));
+    // a 1x1 layer with more 64x64 tiles (864) than resident CTAs: the persistent walk takes
+    // several tiles per CTA (register-stored epilogue); partial last N tile (Kg 136)
+    add("wg_1x1_c64k136_many", make_problem(L, 2, 8, 64, 136, 1, {48, 48}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, {0, 0}));
     if (quick) continue;
     add("1x1_c64k64", make_problem(L, 2, 2, 64, 64, 1, {8, 8}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, {0, 0}));
     add("2d_c64k128_s2", make_problem(L, 2, 2, 64, 128, 1, {16, 16}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}));
@@ -224,8 +272,12 @@ int run_checks(bool quick) {
       {DType::kF16, DType::kF32, MathPrecision::kDefault, "f16>f32", 3e-3},
   };
   if (quick) dts = {dts[0], dts[2], dts[4]};
+  dts.erase(std::remove_if(dts.begin(), dts.end(), [&](const Dt& d) { return !selected(only, d.name); }),
+            dts.end());
   int fails = 0, total = 0, rejected = 0;
-  double worst[7] = {0};
+  // worst relative error per dtype: every run; IMPLICIT_PRECOMP_GEMM forward (the wgmma kernel on
+  // sm_90 where eligible); the fused epilogue's result and preact
+  double worst[7] = {0}, worst_ipg[7] = {0}, worst_epi[7] = {0};
   for (auto& cs : cases) {
     const ConvProblem& pb = cs.p;
     std::string v = validate_problem(pb);
@@ -253,6 +305,7 @@ int run_checks(bool quick) {
       CK(cudaMemcpy(gw, bw.data(), bw.size(), cudaMemcpyHostToDevice));
       CK(cudaMemcpy(gy, by.data(), by.size(), cudaMemcpyHostToDevice));
       for (ConvOp op : {ConvOp::kForward, ConvOp::kBackwardData, ConvOp::kBackwardFilter}) {
+        if (fwd_only && op != ConvOp::kForward) continue;
         size_t oe;
         if (op == ConvOp::kForward) { ref_fwd<<<256, 128>>>(rp, dx, dw, dref); oe = pb.y_elems(); }
         else if (op == ConvOp::kBackwardData) { ref_dgrad<<<256, 128>>>(rp, dy, dw, dref); oe = pb.x_elems(); }
@@ -284,23 +337,55 @@ int run_checks(bool quick) {
           CK(cudaDeviceSynchronize());
           CK(cudaMemcpy(ob2.data(), gout, ob.size(), cudaMemcpyDeviceToHost));
           bool det = memcmp(ob.data(), ob2.data(), ob.size()) == 0;
-          if (ws) CK(cudaFree(ws));
-          double num = 0, den = 0;
           long long nans = 0;
-          for (size_t i = 0; i < oe; ++i) {
-            double o = from_bytes(dt.out, &ob[i * dtype_bytes(dt.out)]);
-            if (std::isnan(o)) { ++nans; continue; }
-            num += (o - ref[i]) * (o - ref[i]);
-            den += ref[i] * ref[i];
-          }
-          double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+          double rel = rel_err(dt.out, ob, ref, &nans);
           bool ok = err.empty() && se == cudaSuccess && nans == 0 && rel <= dt.tol && det;
           worst[di] = std::max(worst[di], rel);
+          if (op == ConvOp::kForward && al == ConvAlgo::kImplicitPrecompGemm)
+            worst_ipg[di] = std::max(worst_ipg[di], rel);
           if (!ok) {
             ++fails;
             printf("FAIL %-20s %s %-8s %-5s %-4s rel=%.3e nans=%lld det=%d err='%s' %s\n", cs.name,
                    pb.layout == Layout::kNHWC ? "NHWC" : "NCHW", dt.name, op_s(op), algo_s(al), rel,
                    nans, (int)det, err.c_str(), cudaGetErrorString(se));
+            if (se != cudaSuccess) return 1000;
+          }
+          if (op != ConvOp::kForward) {
+            if (ws) CK(cudaFree(ws));
+            continue;
+          }
+          // The same forward with the fused epilogue (bias, residual and preact in the output
+          // dtype), against the epilogue applied to the fp64 reference.
+          std::vector<double> hb = rnd(pb.K), hr = rnd(oe), zref, eref;
+          for (auto& a : hb) a = round_to(dt.out, a);
+          for (auto& a : hr) a = round_to(dt.out, a);
+          epi_ref(pb, ref, hb, hr, zref, eref);
+          std::vector<unsigned char> bb, br;
+          to_bytes(dt.out, hb, bb); to_bytes(dt.out, hr, br);
+          void *gb, *gr, *gz;
+          CK(cudaMalloc(&gb, bb.size() + 16)); CK(cudaMalloc(&gr, br.size() + 16)); CK(cudaMalloc(&gz, br.size() + 16));
+          CK(cudaMemcpy(gb, bb.data(), bb.size(), cudaMemcpyHostToDevice));
+          CK(cudaMemcpy(gr, br.data(), br.size(), cudaMemcpyHostToDevice));
+          CK(cudaMemset(gout, 0xFF, ob.size()));
+          CK(cudaMemset(gz, 0xFF, br.size()));
+          CudaConvBuffers eio = io;
+          eio.epi.bias = gb; eio.epi.residual = gr; eio.epi.preact = gz;
+          eio.epi.activation = Activation::kLeakyRelu; eio.epi.param = kEpiSlope;
+          err = gemm_family_run(call, eio);
+          se = cudaDeviceSynchronize();
+          std::vector<unsigned char> oz(ob.size());
+          CK(cudaMemcpy(ob.data(), gout, ob.size(), cudaMemcpyDeviceToHost));
+          CK(cudaMemcpy(oz.data(), gz, oz.size(), cudaMemcpyDeviceToHost));
+          cudaFree(gb); cudaFree(gr); cudaFree(gz);
+          if (ws) CK(cudaFree(ws));
+          nans = 0;
+          const double rel_y = rel_err(dt.out, ob, eref, &nans), rel_z = rel_err(dt.out, oz, zref, &nans);
+          worst_epi[di] = std::max({worst_epi[di], rel_y, rel_z});
+          if (!(err.empty() && se == cudaSuccess && nans == 0 && rel_y <= dt.tol && rel_z <= dt.tol)) {
+            ++fails;
+            printf("FAIL %-20s %s %-8s fwd+epi %-4s rel=%.3e preact=%.3e nans=%lld err='%s' %s\n",
+                   cs.name, pb.layout == Layout::kNHWC ? "NHWC" : "NCHW", dt.name, algo_s(al), rel_y,
+                   rel_z, nans, err.c_str(), cudaGetErrorString(se));
             if (se != cudaSuccess) return 1000;
           }
         }
@@ -309,7 +394,9 @@ int run_checks(bool quick) {
     }
   }
   printf("CHECK: %d runs, %d failed, %d rejected\n", total, fails, rejected);
-  for (size_t di = 0; di < dts.size(); ++di) printf("  worst rel err %-9s %.3e (tol %.0e)\n", dts[di].name, worst[di], dts[di].tol);
+  for (size_t di = 0; di < dts.size(); ++di)
+    printf("  worst rel err %-9s %.3e (IPG fwd %.3e, fused epilogue %.3e) (tol %.0e)\n", dts[di].name,
+           worst[di], worst_ipg[di], worst_epi[di], dts[di].tol);
   // rejection reasons
   {
     ConvProblem p = make_problem(Layout::kNHWC, 2, 1, 8, 8, 1, {8, 8}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1});
@@ -319,6 +406,18 @@ int run_checks(bool quick) {
     printf("  reason(lhs_dilation=2): %s\n", gemm_family_can_implement(call).c_str());
     CudaConvCall c2{ConvOp::kForward, ConvAlgo::kImplicitPrecompGemm, make_problem(Layout::kNHWC, 2, 1, 8, 8, 1, {8, 8}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}), DType::kF32, DType::kBF16, MathPrecision::kDefault};
     printf("  reason(f32->bf16): %s\n", gemm_family_can_implement(c2).c_str());
+    // float32 takes the wgmma (TF32) kernel at DEFAULT and HIGH precision, never at HIGHEST
+    ConvProblem q = make_problem(Layout::kNHWC, 2, 1, 32, 32, 1, {8, 8}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1});
+    std::string r[3];
+    for (int i = 0; i < 3; ++i)
+      r[i] = wgmma_fwd_reason({ConvOp::kForward, ConvAlgo::kImplicitPrecompGemm, q, DType::kF32,
+                               DType::kF32, static_cast<MathPrecision>(i)});
+    printf("  wgmma reason(f32 C=32: DEFAULT, HIGH, HIGHEST): '%s', '%s', '%s'\n", r[0].c_str(),
+           r[1].c_str(), r[2].c_str());
+    if (!r[0].empty() || !r[1].empty() || r[2].empty()) {
+      ++fails;
+      printf("FAIL wgmma eligibility of float32 by precision\n");
+    }
   }
   return fails;
 }
@@ -349,7 +448,7 @@ __global__ void fill_rand(unsigned char* p, size_t n, int esz, unsigned seed, in
   }
 }
 
-void run_timing(const char* layers_file, const char* csv, bool fwd_only) {
+void run_timing(const char* layers_file, const char* csv, bool fwd_only, const std::string& only) {
   auto layers = read_layers(layers_file);
   FILE* fc = csv ? fopen(csv, "w") : nullptr;
   if (fc) fprintf(fc, "layer,dtype,op,algo,ms,tflops,ws_bytes\n");
@@ -359,7 +458,11 @@ void run_timing(const char* layers_file, const char* csv, bool fwd_only) {
       {DType::kF32, MathPrecision::kDefault, "tf32", {ConvAlgo::kImplicitPrecompGemm}},
       {DType::kF32, MathPrecision::kHighest, "f32", {ConvAlgo::kImplicitPrecompGemm}},
   };
-  if (fwd_only) tdts = {{DType::kBF16, MathPrecision::kDefault, "bf16", {ConvAlgo::kImplicitPrecompGemm}}};
+  if (fwd_only)
+    for (auto& t : tdts) t.algos = {ConvAlgo::kImplicitPrecompGemm};
+  const std::string pick = only.empty() && fwd_only ? "bf16" : only;
+  tdts.erase(std::remove_if(tdts.begin(), tdts.end(), [&](const TDt& t) { return !selected(pick, t.name); }),
+             tdts.end());
   printf("\n%-14s %-5s %-6s %9s %9s %9s %8s\n", "layer", "dtype", "op", "IG_ms", "IPG_ms", "GEMM_ms", "IPG_TF/s");
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
@@ -429,6 +532,7 @@ int main(int argc, char** argv) {
   bool quick = false, timing = true, fwd_only = false, checks = true;
   const char* layers = "benchmarks/layers-gpu.txt";
   const char* csv = nullptr;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--quick")) quick = true;
     else if (!strcmp(argv[i], "--no-time")) timing = false;
@@ -436,8 +540,9 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--no-check")) checks = false;
     else if (!strcmp(argv[i], "--layers")) layers = argv[++i];
     else if (!strcmp(argv[i], "--csv")) csv = argv[++i];
+    else if (!strcmp(argv[i], "--only")) only = argv[++i];
   }
-  int f = checks ? run_checks(quick) : 0;
-  if (timing) run_timing(layers, csv, fwd_only);
+  int f = checks ? run_checks(quick, fwd_only, only) : 0;
+  if (timing) run_timing(layers, csv, fwd_only, only);
   return f ? 1 : 0;
 }
