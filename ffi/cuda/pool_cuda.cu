@@ -58,6 +58,24 @@ constexpr int kBlock = 256;
 constexpr i64 kFillThreads = i64(1) << 18;
 
 // ---------------------------------------------------------------------------------------------
+// Division of numerators 0 <= n < 2^31 by a fixed divisor d >= 1: a multiply-high and a shift
+// (m = ceil(2^p / d) with p = 31 + ceil(log2 d); m = 0 stands for d = 1).
+struct FastDiv {
+  uint32_t d = 1, m = 0, s = 0;
+  FastDiv() = default;
+  explicit FastDiv(i64 divisor) {
+    d = divisor < 1 ? 1 : static_cast<uint32_t>(divisor);
+    if (d == 1) return;
+    int l = 0;
+    while ((uint64_t(1) << l) < d) ++l;
+    m = static_cast<uint32_t>(((uint64_t(1) << (31 + l)) + d - 1) / d);
+    s = static_cast<uint32_t>(l - 1);
+  }
+  __host__ __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return m == 0 ? n : static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> 32) >> s;
+  }
+};
+
 // Geometry handed to the kernels (every spatial quantity fits in int: pool_can_implement).
 struct Geo {
   int C;                         // channels
@@ -66,6 +84,7 @@ struct Geo {
   int cstep[3], costep[3];       // covering windows: tap step stride / g, output step dilation / g
   int win_elems;
   i64 in_pix, out_pix;           // pixels of one image
+  FastDiv fcv, fin[3], fout[3], fst[3];  // CV, the extents and the strides as divisors
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -175,17 +194,16 @@ struct ArgVec {
   static constexpr int kPer = kPiece / sizeof(G);  // taps per piece
   using R = typename Raw<kPiece>::type;
 
-  static __device__ __forceinline__ void load(const G* p, int (&o)[V]) {
+  // The raw words of V taps, and tap e of them.
+  static constexpr int kAllWords = V / kPer * kWords;
+  static __device__ __forceinline__ void load_words(const G* p, uint32_t (&w)[kAllWords]) {
 #pragma unroll
-    for (int q = 0; q < V; q += kPer) {
-      uint32_t w[kWords];
-      to_words(ldg_raw(reinterpret_cast<const R*>(p + q)), w);
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        if (sizeof(G) == 1) o[q + e] = (w[e / 4] >> (8 * (e % 4))) & 0xff;
-        else o[q + e] = static_cast<int>(w[e]);
-      }
-    }
+    for (int q = 0; q < V; q += kPer)
+      to_words(ldg_raw(reinterpret_cast<const R*>(p + q)), w + q / kPer * kWords);
+  }
+  static __device__ __forceinline__ int tap(const uint32_t (&w)[kAllWords], int e) {
+    if (sizeof(G) == 1) return (w[e / 4] >> (8 * (e % 4))) & 0xff;
+    return static_cast<int>(w[e]);
   }
   static __device__ __forceinline__ void store(G* p, const int (&v)[V]) {
 #pragma unroll
@@ -208,12 +226,15 @@ struct ArgVec {
 // ---------------------------------------------------------------------------------------------
 // Window arithmetic (pool_cpu.cc's, in int).
 
+// n / d for n >= 0 (most windows have dilation 1: no division).
+__device__ __forceinline__ int div_pos(int n, int d) { return d == 1 ? n : n / d; }
+
 // Taps k in [0, window) of a window whose tap 0 sits at `start` with
 // lo <= start + k * dilation < hi, as the half-open range [*k0, *k1).
 __device__ __forceinline__ void tap_range(int start, int dilation, int window, int lo, int hi,
                                           int* k0, int* k1) {
-  const int first = start >= lo ? 0 : (lo - start + dilation - 1) / dilation;
-  int last = start >= hi ? 0 : (hi - 1 - start) / dilation + 1;
+  const int first = start >= lo ? 0 : div_pos(lo - start + dilation - 1, dilation);
+  int last = start >= hi ? 0 : div_pos(hi - 1 - start, dilation) + 1;
   last = min(last, window);
   *k0 = min(first, last);
   *k1 = last;
@@ -224,6 +245,10 @@ __device__ __forceinline__ int divisor_factor(const Geo& g, int d, int o) {
   int k0, k1;
   tap_range(o * g.st[d] - g.pad[d], g.dl[d], g.win[d], -g.clo[d], g.in[d] + g.chi[d], &k0, &k1);
   return k1 - k0;
+}
+
+__device__ __forceinline__ int avg_divisor(const Geo& g, const int (&o)[3]) {
+  return divisor_factor(g, 0, o[0]) * divisor_factor(g, 1, o[1]) * divisor_factor(g, 2, o[2]);
 }
 
 // Windows covering input i along dimension d: taps k = k, k + step, ... (n of them, increasing)
@@ -237,6 +262,16 @@ __device__ __forceinline__ Cover cover(const Geo& g, int d, int i) {
   const int u = i + g.pad[d];
   if (g.out[d] <= 0 || u < 0) return c;
   const int st = g.st[d], dl = g.dl[d];
+  if (dl == 1) {  // outputs o in [ceil((u - win + 1) / st), u / st], taps u - o * st
+    const int ohi = min(static_cast<int>(g.fst[d].div(u)), g.out[d] - 1);
+    const int r = u - g.win[d] + 1;
+    const int olo = r <= 0 ? 0 : static_cast<int>(g.fst[d].div(r + st - 1));
+    if (olo > ohi) return c;
+    c.k = u - ohi * st;
+    c.o = ohi;
+    c.n = ohi - olo + 1;
+    return c;
+  }
   const int kmax = min(g.win[d] - 1, u / dl);        // o * stride >= 0
   const int lo = u - (g.out[d] - 1) * st;            // o <= out - 1
   const int kmin = lo <= 0 ? 0 : (lo + dl - 1) / dl;
@@ -253,19 +288,30 @@ __device__ __forceinline__ Cover cover(const Geo& g, int d, int i) {
   return c;
 }
 
-// Decomposes item t of an (N, e0, e1, e2, CV) index space.
-// (The extents come by value: the address of a kernel parameter would cost a local copy.)
+// q = n / f.d (32-bit items: multiply-high; 64-bit: a division).
 template <typename I>
-__device__ __forceinline__ void split_item(I t, int CV, int e0, int e1, int e2, int* cv,
+__device__ __forceinline__ I divq(I n, const FastDiv& f) {
+  if constexpr (sizeof(I) == 4) return f.div(n);
+  else return n / f.d;
+}
+
+// Decomposes item t of an (N, e0, e1, e2, CV) index space (f: the divisors CV, e2, e1, e0).
+template <typename I>
+__device__ __forceinline__ void split_item(I t, const FastDiv& fcv, const FastDiv& f2,
+                                           const FastDiv& f1, const FastDiv& f0, int* cv,
                                            int p[3], i64* n) {
-  *cv = static_cast<int>(t % static_cast<I>(CV));
-  t /= static_cast<I>(CV);
-  p[2] = static_cast<int>(t % static_cast<I>(e2));
-  t /= static_cast<I>(e2);
-  p[1] = static_cast<int>(t % static_cast<I>(e1));
-  t /= static_cast<I>(e1);
-  p[0] = static_cast<int>(t % static_cast<I>(e0));
-  *n = static_cast<i64>(t / static_cast<I>(e0));
+  I q = divq(t, fcv);
+  *cv = static_cast<int>(t - q * fcv.d);
+  t = q;
+  q = divq(t, f2);
+  p[2] = static_cast<int>(t - q * f2.d);
+  t = q;
+  q = divq(t, f1);
+  p[1] = static_cast<int>(t - q * f1.d);
+  t = q;
+  q = divq(t, f0);
+  p[0] = static_cast<int>(t - q * f0.d);
+  *n = static_cast<i64>(q);
 }
 
 template <typename A>
@@ -273,63 +319,216 @@ __device__ __forceinline__ A max_step(A m, A v) {  // lax's max: NaN wins and st
   return (v > m || v != v) ? v : m;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Forward: max or avg over the in-bounds taps of each window, in window order.
-template <typename T, int V, bool kMax, typename I>
-__global__ void window_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items) {
-  using A = typename AccOf<T>::type;
-  using VT = Vec<T, V>;
-  const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
-  if (t >= items) return;
-  int cv, o[3];
-  i64 n;
-  split_item(t, g.CV, g.out[0], g.out[1], g.out[2], &cv, o, &n);
+// Walks an n0 x n1 x n2 box of positions in row-major order, keeping the element offset and
+// the tap index of the current position.
+struct Walk {
+  i64 off;
+  int k;
+  int b, c, n1, n2;
+  i64 s2, s1, s0;  // offset step along dimension 2, and the extra steps at a new row / plane
+  int k2, k1, k0;  // the same for the tap index
+  // Moves on; returns 0 within a row, 1 at a new row, 2 at a new plane.
+  __device__ __forceinline__ int next() {
+    off += s2;
+    k += k2;
+    if (++c < n2) return 0;
+    c = 0;
+    off += s1;
+    k += k1;
+    if (++b < n1) return 1;
+    b = 0;
+    off += s0;
+    k += k0;
+    return 2;
+  }
+};
+
+// The in-bounds taps of the window of output o (channel vector cv of image n), in window order:
+// *count of them; *pad_first / *pad_last: padding taps before the first / after the last;
+// *pad_row / *pad_plane: padding taps between the last tap of a row (plane) and the next.
+struct WindowTaps {
+  Walk w;
+  int count;
+  int n0;
+  bool pad_first, pad_last, pad_row, pad_plane;
+};
+
+__device__ __forceinline__ WindowTaps window_taps(const Geo& g, const int (&o)[3], i64 n, int cv,
+                                                  int V) {
   int start[3], k0[3], k1[3];
 #pragma unroll
   for (int d = 0; d < 3; ++d) {
     start[d] = o[d] * g.st[d] - g.pad[d];
     tap_range(start[d], g.dl[d], g.win[d], 0, g.in[d], &k0[d], &k1[d]);
   }
-  A acc[V];
-#pragma unroll
-  for (int e = 0; e < V; ++e) acc[e] = kMax ? neg_inf<A>() : A(0);
-  const T* xn = x + n * g.in_pix * g.C + static_cast<i64>(cv) * V;
-  const i64 step2 = static_cast<i64>(g.dl[2]) * g.C;
-  for (int a = k0[0]; a < k1[0]; ++a) {
-    const i64 i0 = start[0] + a * g.dl[0];
-    for (int b = k0[1]; b < k1[1]; ++b) {
-      const i64 i1 = start[1] + b * g.dl[1];
-      // Offsets stay integers until they are in bounds (start[2] may be negative).
-      const i64 row = ((i0 * g.in[1] + i1) * g.in[2] + start[2]) * g.C;
-      for (int c = k0[2]; c < k1[2]; c += 4) {
-        typename VT::R r[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (c + j < k1[2]) r[j] = VT::load(xn + (row + (c + j) * step2));
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (c + j < k1[2]) {
-            A v[V];
-            VT::unpack(r[j], v);
-#pragma unroll
-            for (int e = 0; e < V; ++e) acc[e] = kMax ? max_step(acc[e], v[e]) : acc[e] + v[e];
-          }
-        }
-      }
-    }
-  }
-  if (!kMax) {
-    // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
-    const A divisor = static_cast<A>(static_cast<i64>(divisor_factor(g, 0, o[0])) *
-                                     divisor_factor(g, 1, o[1]) * divisor_factor(g, 2, o[2]));
-#pragma unroll
-    for (int e = 0; e < V; ++e) acc[e] = acc[e] / divisor;
-  }
-  VT::store(y + static_cast<i64>(t) * V, acc);
+  WindowTaps t;
+  t.n0 = k1[0] - k0[0];
+  const int n1 = k1[1] - k0[1], n2 = k1[2] - k0[2];
+  t.count = t.n0 * n1 * n2;
+  t.pad_first = k0[0] > 0 || k0[1] > 0 || k0[2] > 0;
+  t.pad_last = k1[0] < g.win[0] || k1[1] < g.win[1] || k1[2] < g.win[2];
+  t.pad_row = n2 < g.win[2];
+  t.pad_plane = t.pad_row || n1 < g.win[1];
+  Walk& w = t.w;
+  w.b = w.c = 0;
+  w.n1 = n1;
+  w.n2 = n2;
+  const i64 C = g.C;
+  const i64 row = static_cast<i64>(g.in[2]) * C, plane = static_cast<i64>(g.in[1]) * row;
+  w.s2 = g.dl[2] * C;
+  const i64 r1 = g.dl[1] * row;
+  w.s1 = r1 - n2 * w.s2;
+  w.s0 = g.dl[0] * plane - n1 * r1;
+  w.k2 = 1;
+  w.k1 = g.win[2] - n2;
+  w.k0 = (g.win[1] - n1) * g.win[2];
+  // Offsets stay integers until they are in bounds (start may be negative).
+  const int i0 = start[0] + k0[0] * g.dl[0], i1 = start[1] + k0[1] * g.dl[1];
+  const int i2 = start[2] + k0[2] * g.dl[2];
+  w.off = n * g.in_pix * C + i0 * plane + i1 * row + i2 * C + static_cast<i64>(cv) * V;
+  w.k = (k0[0] * g.win[1] + k0[1]) * g.win[2] + k0[2];
+  return t;
 }
 
-// Forward for large windows: S threads per item (blockDim = S x kBlock/S with the S threads as
-// consecutive lanes when kLaneSplit, else kBlock/S x S with the items as consecutive lanes).
+// The windows covering input i (channel vector cv of image n): a walk over their dy offsets and
+// taps, in increasing tap order; c[d] per dimension.
+__device__ __forceinline__ Walk cover_walk(const Geo& g, const Cover (&c)[3], i64 n, int cv,
+                                           int V) {
+  Walk w;
+  w.b = w.c = 0;
+  w.n1 = c[1].n;
+  w.n2 = c[2].n;
+  const i64 C = g.C;
+  const i64 row = static_cast<i64>(g.out[2]) * C, plane = static_cast<i64>(g.out[1]) * row;
+  w.s2 = -g.costep[2] * C;
+  const i64 r1 = -g.costep[1] * row;
+  w.s1 = r1 - c[2].n * w.s2;
+  w.s0 = -g.costep[0] * plane - c[1].n * r1;
+  w.k2 = g.cstep[2];
+  const int kr = g.cstep[1] * g.win[2];
+  w.k1 = kr - c[2].n * g.cstep[2];
+  w.k0 = g.cstep[0] * g.win[1] * g.win[2] - c[1].n * kr;
+  w.off = n * g.out_pix * C + c[0].o * plane + c[1].o * row + c[2].o * C +
+          static_cast<i64>(cv) * V;
+  w.k = (c[0].k * g.win[1] + c[1].k) * g.win[2] + c[2].k;
+  return w;
+}
+
+// Loads per thread issued before their values are used.
+constexpr int kBatch = 8;
+
+// ---------------------------------------------------------------------------------------------
+// Max of 16-bit pairs in one 32-bit word (lax's max: NaN wins). By value the same as max_step
+// on the widened values (either zero may come out of a +0 / -0 tie, as the forward allows).
+template <typename T>
+__device__ __forceinline__ uint32_t max2(uint32_t a, uint32_t b) {
+#ifdef JAXDNN_POOL_EMULATION
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const unsigned short ha = static_cast<unsigned short>(a >> (16 * h));
+    const unsigned short hb = static_cast<unsigned short>(b >> (16 * h));
+    T ea, eb;
+    memcpy(&ea, &ha, 2);
+    memcpy(&eb, &hb, 2);
+    const float fa = to_acc(ea), fb = to_acc(eb);
+    r |= static_cast<uint32_t>(fb > fa || fb != fb ? hb : ha) << (16 * h);
+  }
+  return r;
+#else
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  T2 x, y;
+  memcpy(&x, &a, 4);
+  memcpy(&y, &b, 4);
+  const T2 m = __hmax2_nan(x, y);
+  uint32_t r;
+  memcpy(&r, &m, 4);
+  return r;
+#endif
+}
+
+// -inf in both halves of a word.
+template <typename T> constexpr uint32_t neg_inf2() {
+  return std::is_same_v<T, __half> ? 0xfc00fc00u : 0xff80ff80u;
+}
+
+template <typename T, int V>
+constexpr bool kPackedMax = sizeof(T) == 2 && V * sizeof(T) >= 4;
+
+// ---------------------------------------------------------------------------------------------
+// Forward: max or avg over the in-bounds taps of each window, in window order.
+template <typename T, int V, bool kMax, typename I>
+__global__ void window_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items) {
+  using A = typename AccOf<T>::type;
+  using VT = Vec<T, V>;
+  using R = typename VT::R;
+  const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
+  if (t >= items) return;
+  int cv, o[3];
+  i64 n;
+  split_item(t, g.fcv, g.fout[2], g.fout[1], g.fout[0], &cv, o, &n);
+  WindowTaps wt = window_taps(g, o, n, cv, V);
+  Walk& w = wt.w;
+  if constexpr (kMax && kPackedMax<T, V>) {
+    // 16-bit max: pairs of values in 32-bit words, no widening.
+    constexpr int kW = sizeof(R) / 4;
+    uint32_t acc[kW];
+#pragma unroll
+    for (int i = 0; i < kW; ++i) acc[i] = neg_inf2<T>();
+    for (int f = 0; f < wt.count; f += kBatch) {
+      R r[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < wt.count) {
+          r[j] = VT::load(x + w.off);
+          w.next();
+        }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < wt.count) {
+          uint32_t v[kW];
+          memcpy(v, &r[j], sizeof(R));
+#pragma unroll
+          for (int i = 0; i < kW; ++i) acc[i] = max2<T>(acc[i], v[i]);
+        }
+    }
+    R out;
+    memcpy(&out, acc, sizeof(R));
+    *reinterpret_cast<R*>(y + static_cast<i64>(t) * V) = out;
+  } else {
+    A acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = kMax ? neg_inf<A>() : A(0);
+    for (int f = 0; f < wt.count; f += kBatch) {
+      R r[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < wt.count) {
+          r[j] = VT::load(x + w.off);
+          w.next();
+        }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < wt.count) {
+          A v[V];
+          VT::unpack(r[j], v);
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[e] = kMax ? max_step(acc[e], v[e]) : acc[e] + v[e];
+        }
+    }
+    if (!kMax) {
+      // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
+      const A divisor = static_cast<A>(avg_divisor(g, o));
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = acc[e] / divisor;
+    }
+    VT::store(y + static_cast<i64>(t) * V, acc);
+  }
+}
+
+// Forward for large windows with few outputs: S threads per item (blockDim = S x kBlock/S with
+// the S threads as consecutive lanes when kLaneSplit, else kBlock/S x S with the items as
+// consecutive lanes). Thread s takes the s-th of S consecutive runs of the window's in-bounds
+// taps; the partials are combined in thread order.
 template <typename T, int V, bool kMax, bool kLaneSplit, typename I>
 __global__ void split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items,
                                  int S) {
@@ -347,39 +546,35 @@ __global__ void split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__
   if (t < items) {
     int cv;
     i64 n;
-    split_item(t, g.CV, g.out[0], g.out[1], g.out[2], &cv, o, &n);
-    int start[3], k0[3], k1[3];
-#pragma unroll
-    for (int d = 0; d < 3; ++d) {
-      start[d] = o[d] * g.st[d] - g.pad[d];
-      tap_range(start[d], g.dl[d], g.win[d], 0, g.in[d], &k0[d], &k1[d]);
+    split_item(t, g.fcv, g.fout[2], g.fout[1], g.fout[0], &cv, o, &n);
+    WindowTaps wt = window_taps(g, o, n, cv, V);
+    Walk& w = wt.w;
+    const int run = (wt.count + S - 1) / S;
+    const int f0 = s * run, f1 = min(f0 + run, wt.count);
+    if (f0 < f1) {
+      // Moves the walk to tap f0 of the box.
+      const int c = f0 % w.n2, r = f0 / w.n2;
+      const int b = r % w.n1, a = r / w.n1;
+      w.c = c;
+      w.b = b;
+      w.off += a * (w.s0 + w.n1 * (w.s1 + w.n2 * w.s2)) + b * (w.s1 + w.n2 * w.s2) + c * w.s2;
     }
-    const int n1 = k1[1] - k0[1], n2 = k1[2] - k0[2];
-    const int count = (k1[0] - k0[0]) * n1 * n2;
-    const T* xn = x + n * g.in_pix * g.C + static_cast<i64>(cv) * V;
-    // Taps s, s + S, s + 2S, ... in that order, loads issued 4 at a time.
-    for (int f0 = s; f0 < count; f0 += 4 * S) {
-      typename VT::R raw[4];
+    for (int f = f0; f < f1; f += kBatch) {
+      typename VT::R raw[kBatch];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int f = f0 + j * S;
-        if (f < count) {
-          const int c = k0[2] + f % n2, r = f / n2;
-          const int b = k0[1] + r % n1, a = k0[0] + r / n1;
-          const i64 i0 = start[0] + a * g.dl[0], i1 = start[1] + b * g.dl[1];
-          const i64 i2 = start[2] + c * g.dl[2];
-          raw[j] = VT::load(xn + ((i0 * g.in[1] + i1) * g.in[2] + i2) * g.C);
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < f1) {
+          raw[j] = VT::load(x + w.off);
+          w.next();
         }
-      }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (f0 + j * S < count) {
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < f1) {
           A v[V];
           VT::unpack(raw[j], v);
 #pragma unroll
           for (int e = 0; e < V; ++e) acc[e] = kMax ? max_step(acc[e], v[e]) : acc[e] + v[e];
         }
-      }
     }
   }
   A* mine = partial + (static_cast<i64>(local) * S + s) * V;
@@ -395,8 +590,7 @@ __global__ void split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__
     }
   }
   if (!kMax) {
-    const A divisor = static_cast<A>(static_cast<i64>(divisor_factor(g, 0, o[0])) *
-                                     divisor_factor(g, 1, o[1]) * divisor_factor(g, 2, o[2]));
+    const A divisor = static_cast<A>(avg_divisor(g, o));
 #pragma unroll
     for (int e = 0; e < V; ++e) acc[e] = acc[e] / divisor;
   }
@@ -411,17 +605,14 @@ __global__ void select_kernel(Geo g, const T* __restrict__ x, const T* __restric
                               T* __restrict__ y, G* __restrict__ arg, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
+  constexpr int kB = kGather ? kBatch / 2 : kBatch;  // two loads per tap when gathering
   const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
   if (t >= items) return;
   int cv, o[3];
   i64 n;
-  split_item(t, g.CV, g.out[0], g.out[1], g.out[2], &cv, o, &n);
-  int start[3], k0[3], k1[3];
-#pragma unroll
-  for (int d = 0; d < 3; ++d) {
-    start[d] = o[d] * g.st[d] - g.pad[d];
-    tap_range(start[d], g.dl[d], g.win[d], 0, g.in[d], &k0[d], &k1[d]);
-  }
+  split_item(t, g.fcv, g.fout[2], g.fout[1], g.fout[0], &cv, o, &n);
+  WindowTaps wt = window_taps(g, o, n, cv, V);
+  Walk& w = wt.w;
   A sel[V];    // the selected value; NaN: the first tap replaces it, whatever its value
   A picked[V]; // kGather: the tangent at the selection
   int tap[V];  // else: the selected tap
@@ -442,48 +633,38 @@ __global__ void select_kernel(Geo g, const T* __restrict__ x, const T* __restric
       else tap[e] = take ? no_tap<G>() : tap[e];
     }
   };
-  const i64 base = n * g.in_pix * g.C + static_cast<i64>(cv) * V;
-  const i64 step2 = static_cast<i64>(g.dl[2]) * g.C;
-  for (int a = 0; a < g.win[0]; ++a) {
-    const bool in_a = a >= k0[0] && a < k1[0];
-    const i64 i0 = start[0] + a * g.dl[0];
-    for (int b = 0; b < g.win[1]; ++b) {
-      if (!in_a || b < k0[1] || b >= k1[1] || k0[2] >= k1[2]) {  // a row of padding
-        padding();
-        continue;
+  bool pad = wt.pad_first || wt.count == 0;  // padding before the next in-bounds tap
+  for (int f = 0; f < wt.count; f += kB) {
+    typename VT::R rx[kB], rt[kB];
+    bool pb[kB];
+    int kt[kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (f + j < wt.count) {
+        rx[j] = VT::load(x + w.off);
+        if (kGather) rt[j] = VT::load(tangent + w.off);
+        pb[j] = pad;
+        kt[j] = w.k;
+        const int moved = w.next();
+        pad = (moved == 1 && wt.pad_row) || (moved == 2 && wt.pad_plane);
       }
-      const i64 i1 = start[1] + b * g.dl[1];
-      const i64 row = base + ((i0 * g.in[1] + i1) * g.in[2] + start[2]) * g.C;
-      const int tap_row = (a * g.win[1] + b) * g.win[2];
-      if (k0[2] > 0) padding();
-      for (int c = k0[2]; c < k1[2]; c += 2) {
-        const bool two = c + 1 < k1[2];
-        typename VT::R rx[2], rt[2];
-        rx[0] = VT::load(x + (row + c * step2));
-        if (two) rx[1] = VT::load(x + (row + (c + 1) * step2));
-        if (kGather) {
-          rt[0] = VT::load(tangent + (row + c * step2));
-          if (two) rt[1] = VT::load(tangent + (row + (c + 1) * step2));
-        }
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          if (j == 1 && !two) break;
-          A v[V], tv[V];
-          VT::unpack(rx[j], v);
-          if (kGather) VT::unpack(rt[j], tv);
-          const int k = tap_row + c + j;
+    for (int j = 0; j < kB; ++j)
+      if (f + j < wt.count) {
+        if (pb[j]) padding();
+        A v[V], tv[V];
+        VT::unpack(rx[j], v);
+        if (kGather) VT::unpack(rt[j], tv);
 #pragma unroll
-          for (int e = 0; e < V; ++e) {
-            const bool take = !(sel[e] >= v[e]);
-            sel[e] = take ? v[e] : sel[e];
-            if (kGather) picked[e] = take ? tv[e] : picked[e];
-            else tap[e] = take ? k : tap[e];
-          }
+        for (int e = 0; e < V; ++e) {
+          const bool take = !(sel[e] >= v[e]);
+          sel[e] = take ? v[e] : sel[e];
+          if (kGather) picked[e] = take ? tv[e] : picked[e];
+          else tap[e] = take ? kt[j] : tap[e];
         }
       }
-      if (k1[2] < g.win[2]) padding();
-    }
   }
+  if (wt.count == 0 ? pad : wt.pad_last) padding();
   if (kGather) VT::store(y + static_cast<i64>(t) * V, picked);
   else ArgVec<G, V>::store(arg + static_cast<i64>(t) * V, tap);
 }
@@ -495,38 +676,39 @@ __global__ void scatter_kernel(Geo g, const T* __restrict__ dy, const G* __restr
                                T* __restrict__ dx, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
+  using AV = ArgVec<G, V>;
   const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
   if (t >= items) return;
   int cv, i[3];
   i64 n;
-  split_item(t, g.CV, g.in[0], g.in[1], g.in[2], &cv, i, &n);
-  const Cover c0 = cover(g, 0, i[0]), c1 = cover(g, 1, i[1]), c2 = cover(g, 2, i[2]);
+  split_item(t, g.fcv, g.fin[2], g.fin[1], g.fin[0], &cv, i, &n);
+  const Cover c[3] = {cover(g, 0, i[0]), cover(g, 1, i[1]), cover(g, 2, i[2])};
+  const int count = c[0].n * c[1].n * c[2].n;
+  Walk w = cover_walk(g, c, n, cv, V);
   A acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = A(0);
-  const i64 base = n * g.out_pix * g.C + static_cast<i64>(cv) * V;
-  for (int a = 0; a < c0.n; ++a) {
-    const int ka = c0.k + a * g.cstep[0], oa = c0.o - a * g.costep[0];
-    for (int b = 0; b < c1.n; ++b) {
-      const int kb = c1.k + b * g.cstep[1], ob = c1.o - b * g.costep[1];
-      const int tap_ab = (ka * g.win[1] + kb) * g.win[2];
-      const i64 row = static_cast<i64>(oa) * g.out[1] + ob;
-      for (int c = 0; c < c2.n; ++c) {
-        const int kc = c2.k + c * g.cstep[2], oc = c2.o - c * g.costep[2];
-        const i64 off = base + (row * g.out[2] + oc) * g.C;
-        const int k = tap_ab + kc;
-        int sel[V];
-        ArgVec<G, V>::load(arg + off, sel);
-        bool any = false;
+  constexpr int kB = kBatch / 2;
+  for (int f = 0; f < count; f += kB) {
+    uint32_t sel[kB][AV::kAllWords];
+    int kt[kB];
+    typename VT::R rd[kB];
 #pragma unroll
-        for (int e = 0; e < V; ++e) any |= sel[e] == k;
-        if (!any) continue;
-        A d[V];
-        VT::unpack(VT::load(dy + off), d);
-#pragma unroll
-        for (int e = 0; e < V; ++e) acc[e] = sel[e] == k ? acc[e] + d[e] : acc[e];
+    for (int j = 0; j < kB; ++j)
+      if (f + j < count) {
+        AV::load_words(arg + w.off, sel[j]);
+        rd[j] = VT::load(dy + w.off);
+        kt[j] = w.k;
+        w.next();
       }
-    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (f + j < count) {
+        A d[V];
+        VT::unpack(rd[j], d);
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = AV::tap(sel[j], e) == kt[j] ? acc[e] + d[e] : acc[e];
+      }
   }
   VT::store(dx + static_cast<i64>(t) * V, acc);
 }
@@ -540,29 +722,46 @@ __global__ void avg_bwd_kernel(Geo g, const T* __restrict__ dy, T* __restrict__ 
   if (t >= items) return;
   int cv, i[3];
   i64 n;
-  split_item(t, g.CV, g.in[0], g.in[1], g.in[2], &cv, i, &n);
-  const Cover c0 = cover(g, 0, i[0]), c1 = cover(g, 1, i[1]), c2 = cover(g, 2, i[2]);
-  const bool single = c0.n == 1 && c1.n == 1 && c2.n == 1;
+  split_item(t, g.fcv, g.fin[2], g.fin[1], g.fin[0], &cv, i, &n);
+  const Cover c[3] = {cover(g, 0, i[0]), cover(g, 1, i[1]), cover(g, 2, i[2])};
+  const int count = c[0].n * c[1].n * c[2].n;
+  const bool single = count == 1;
+  Walk w = cover_walk(g, c, n, cv, V);
   A acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = A(0);
-  const i64 base = n * g.out_pix * g.C + static_cast<i64>(cv) * V;
-  for (int a = 0; a < c0.n; ++a) {
-    const int oa = c0.o - a * g.costep[0];
-    const i64 fa = divisor_factor(g, 0, oa);
-    for (int b = 0; b < c1.n; ++b) {
-      const int ob = c1.o - b * g.costep[1];
-      const i64 fab = fa * divisor_factor(g, 1, ob);
-      const i64 row = static_cast<i64>(oa) * g.out[1] + ob;
-      for (int c = 0; c < c2.n; ++c) {
-        const int oc = c2.o - c * g.costep[2];
-        const A inv = A(1) / static_cast<A>(fab * divisor_factor(g, 2, oc));
+  // The current window's outputs along each dimension and the divisor factor of the first two.
+  int oa = c[0].o, ob = c[1].o, oc = c[2].o;
+  int fab = divisor_factor(g, 0, oa) * divisor_factor(g, 1, ob);
+  for (int f = 0; f < count; f += kBatch) {
+    typename VT::R rd[kBatch];
+    int div[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (f + j < count) {
+        rd[j] = VT::load(dy + w.off);
+        div[j] = fab * divisor_factor(g, 2, oc);
+        const int moved = w.next();
+        oc -= g.costep[2];
+        if (moved != 0) {
+          oc = c[2].o;
+          ob -= g.costep[1];
+          if (moved == 2) {
+            ob = c[1].o;
+            oa -= g.costep[0];
+          }
+          fab = divisor_factor(g, 0, oa) * divisor_factor(g, 1, ob);
+        }
+      }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (f + j < count) {
+        const A inv = A(1) / static_cast<A>(div[j]);
         A d[V];
-        VT::unpack(VT::load(dy + base + (row * g.out[2] + oc) * g.C), d);
+        VT::unpack(rd[j], d);
 #pragma unroll
         for (int e = 0; e < V; ++e) acc[e] = single ? d[e] * inv : fma_acc(d[e], inv, acc[e]);
       }
-    }
   }
   VT::store(dx + static_cast<i64>(t) * V, acc);
 }
@@ -601,7 +800,11 @@ Geo make_geo(const PoolProblem& p, int V) {
     const int div = gcd(g.st[d], g.dl[d]);
     g.cstep[d] = g.st[d] / div;
     g.costep[d] = g.dl[d] / div;
+    g.fin[d] = FastDiv(p.in[d]);
+    g.fout[d] = FastDiv(p.out[d]);
+    g.fst[d] = FastDiv(p.stride[d]);
   }
+  g.fcv = FastDiv(g.CV);
   g.win_elems = static_cast<int>(p.window_elems());
   g.in_pix = p.in[0] * p.in[1] * p.in[2];
   g.out_pix = p.out[0] * p.out[1] * p.out[2];
@@ -633,21 +836,15 @@ struct Launcher {
   std::string forward(bool is_max, const T* x, T* y) const {
     const i64 items = p.y_elems() / V;
     if (items == 0) return "";
-    // Large windows with few outputs: share each item among S threads.
+    // Large windows with few outputs: share each item among S threads, enough of them that
+    // each takes about one batch of loads (while the threads stay within a few waves).
     const i64 taps = p.window_elems();
     const bool one_channel = V == 1 && p.C == 1;
     int S = 1;
     if (split_override() == 1) {
-      if (taps >= 2) {
-        S = one_channel ? (taps >= 32 ? 32 : 16) : 2;
-        while (!one_channel && S < 32 && 2 * S <= taps) S *= 2;
-      }
-    } else if (split_override() == -1 && taps >= 16) {
-      if (one_channel) {
-        if (items < kFillThreads) S = taps >= 32 ? 32 : 16;
-      } else {
-        while (S < 32 && 4 * S <= taps && items * S < kFillThreads) S *= 2;
-      }
+      while (S < 32 && 2 * S <= taps) S *= 2;
+    } else if (split_override() == -1 && taps >= 16 && items < kFillThreads) {
+      while (S < 32 && (taps + S - 1) / S > kBatch && items * S < 2 * kFillThreads) S *= 2;
     }
     const bool lanes = one_channel && S > 1;
     if (S == 1) {
@@ -726,9 +923,10 @@ template <typename T, int V>
 std::string run_width(PoolOp op, const PoolProblem& p, const void* a, const void* b, void* out,
                       void* workspace, cudaStream_t stream) {
   const Geo g = make_geo(p, V);
-  // Items of either index space (plus a block of slack) decide the index type.
+  // Items of either index space (plus a block of slack) decide the index type: 32-bit items
+  // below 2^31 (FastDiv's range).
   const i64 items = (p.x_elems() > p.y_elems() ? p.x_elems() : p.y_elems()) / V + kBlock;
-  if (items <= static_cast<i64>(std::numeric_limits<uint32_t>::max()))
+  if (items <= static_cast<i64>(std::numeric_limits<int32_t>::max()))
     return Launcher<T, V, uint32_t>{p, g, stream}.run(op, a, b, out, workspace);
   return Launcher<T, V, uint64_t>{p, g, stream}.run(op, a, b, out, workspace);
 }
