@@ -85,6 +85,7 @@ struct Geo {
   int win_elems;
   i64 in_pix, out_pix;           // pixels of one image
   FastDiv fcv, fin[3], fout[3], fst[3];  // CV, the extents and the strides as divisors
+  int uniform_div;               // the avg divisor when every window counts all its taps, else 0
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -248,6 +249,7 @@ __device__ __forceinline__ int divisor_factor(const Geo& g, int d, int o) {
 }
 
 __device__ __forceinline__ int avg_divisor(const Geo& g, const int (&o)[3]) {
+  if (g.uniform_div) return g.uniform_div;
   return divisor_factor(g, 0, o[0]) * divisor_factor(g, 1, o[1]) * divisor_factor(g, 2, o[2]);
 }
 
@@ -597,6 +599,85 @@ __global__ void split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__
   VT::store(y + static_cast<i64>(t) * V, acc);
 }
 
+// Forward of one-channel images (channels-first layouts) with windows over the two innermost
+// dimensions: a block of kTileW x 8 threads computes a tile of kTileW x 8 * rows outputs of one
+// image from the input region they read, staged once in shared memory as accumulator values
+// (coalesced along rows); each output then reads its in-bounds taps from there in window order.
+constexpr int kTileW = 32;
+
+struct PlaneTile {
+  int rows;          // outputs per thread, down the tile
+  int ih, iw;        // input region of a tile
+  FastDiv ftw, fth;  // tiles across and down an image
+  FastDiv fiw;       // iw
+};
+
+template <typename T, bool kMax>
+__global__ void plane_fwd_kernel(Geo g, PlaneTile pt, const T* __restrict__ x,
+                                 T* __restrict__ y) {
+  using A = typename AccOf<T>::type;
+  extern __shared__ unsigned char smem[];
+  A* tile = reinterpret_cast<A*>(smem);
+  const uint32_t q1 = pt.ftw.div(blockIdx.x), q2 = pt.fth.div(q1);
+  const int th = 8 * pt.rows;  // output rows of a tile
+  const int ow0 = static_cast<int>(blockIdx.x - q1 * pt.ftw.d) * kTileW;
+  const int oh0 = static_cast<int>(q1 - q2 * pt.fth.d) * th;
+  const i64 n = q2;
+  const int r0 = oh0 * g.st[1] - g.pad[1], c0 = ow0 * g.st[2] - g.pad[2];
+  const T* xn = x + n * g.in_pix;
+  const int total = pt.ih * pt.iw;
+  constexpr int kThreads = kTileW * 8;
+#ifdef JAXDNN_POOL_EMULATION
+  // The host emulation runs a block's threads one after another: each stages the whole tile.
+  for (int tid = 0; tid < kThreads; ++tid)
+#else
+  const int tid = threadIdx.y * kTileW + threadIdx.x;
+#endif
+  for (int base = tid; base < total; base += kBatch * kThreads) {
+    T v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int idx = base + j * kThreads;
+      const int r = static_cast<int>(pt.fiw.div(idx)), c = idx - r * pt.iw;
+      const int ir = r0 + r, ic = c0 + c;
+      if (idx < total && ir >= 0 && ir < g.in[1] && ic >= 0 && ic < g.in[2])
+        v[j] = xn[static_cast<i64>(ir) * g.in[2] + ic];
+      else v[j] = from_acc<T>(A(0));  // outside the image: never read
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (base + j * kThreads < total) tile[base + j * kThreads] = to_acc(v[j]);
+  }
+  __syncthreads();
+  const int ow = ow0 + threadIdx.x;
+  if (ow >= g.out[2]) return;
+  int kc0, kc1;
+  tap_range(ow * g.st[2] - g.pad[2], g.dl[2], g.win[2], 0, g.in[2], &kc0, &kc1);
+  const int col = threadIdx.x * g.st[2];
+  const int fc = g.uniform_div ? 1 : divisor_factor(g, 2, ow);
+  for (int r = 0; r < pt.rows; ++r) {
+    const int ty = threadIdx.y + 8 * r, oh = oh0 + ty;
+    if (oh >= g.out[1]) break;
+    int kb0, kb1;
+    tap_range(oh * g.st[1] - g.pad[1], g.dl[1], g.win[1], 0, g.in[1], &kb0, &kb1);
+    A acc = kMax ? neg_inf<A>() : A(0);
+    for (int kb = kb0; kb < kb1; ++kb) {
+      const A* row = tile + (ty * g.st[1] + kb * g.dl[1]) * pt.iw + col;
+      for (int kc = kc0; kc < kc1; ++kc) {
+        const A v = row[kc * g.dl[2]];
+        acc = kMax ? max_step(acc, v) : acc + v;
+      }
+    }
+    if (!kMax) {
+      // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
+      const int div = g.uniform_div ? g.uniform_div
+                                    : divisor_factor(g, 0, 0) * divisor_factor(g, 1, oh) * fc;
+      acc = acc / static_cast<A>(div);
+    }
+    y[n * g.out_pix + static_cast<i64>(oh) * g.out[2] + ow] = from_acc<T>(acc);
+  }
+}
+
 // Arg-max selection over every tap of each window in window order. kGather: writes the tangent
 // t at the arg-max (0 when padding is selected); else writes the arg-max tap (no_tap<G>() for
 // padding) into `arg`.
@@ -730,6 +811,28 @@ __global__ void avg_bwd_kernel(Geo g, const T* __restrict__ dy, T* __restrict__ 
   A acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = A(0);
+  if (g.uniform_div) {
+    const A inv = A(1) / static_cast<A>(g.uniform_div);
+    for (int f = 0; f < count; f += kBatch) {
+      typename VT::R rd[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < count) {
+          rd[j] = VT::load(dy + w.off);
+          w.next();
+        }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < count) {
+          A d[V];
+          VT::unpack(rd[j], d);
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[e] = single ? d[e] * inv : fma_acc(d[e], inv, acc[e]);
+        }
+    }
+    VT::store(dx + static_cast<i64>(t) * V, acc);
+    return;
+  }
   // The current window's outputs along each dimension and the divisor factor of the first two.
   int oa = c[0].o, ob = c[1].o, oc = c[2].o;
   int fab = divisor_factor(g, 0, oa) * divisor_factor(g, 1, ob);
@@ -764,6 +867,68 @@ __global__ void avg_bwd_kernel(Geo g, const T* __restrict__ dy, T* __restrict__ 
       }
   }
   VT::store(dx + static_cast<i64>(t) * V, acc);
+}
+
+// Backward when windows do not overlap (every input lies in at most one window: stride >=
+// the dilated window in every dimension): the scatter's second pass (kMax) or the avg backward,
+// straight-line for kItems inputs per thread (items t, t + kBlock, ...) so that all their loads
+// are in flight together.
+constexpr int kItems = 4;
+
+template <typename T, int V, bool kMax, typename G, typename I>
+__global__ void disjoint_bwd_kernel(Geo g, const T* __restrict__ dy, const G* __restrict__ arg,
+                                    T* __restrict__ dx, I items) {
+  using A = typename AccOf<T>::type;
+  using VT = Vec<T, V>;
+  using AV = ArgVec<G, V>;
+  const I t0 = static_cast<I>(blockIdx.x) * (kBlock * kItems) + threadIdx.x;
+  typename VT::R rd[kItems];
+  uint32_t sel[kItems][AV::kAllWords];
+  int k[kItems], div[kItems];
+  bool covered[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const I t = t0 + static_cast<I>(j) * kBlock;
+    covered[j] = false;
+    if (t >= items) continue;
+    int cv, i[3];
+    i64 n;
+    split_item(t, g.fcv, g.fin[2], g.fin[1], g.fin[0], &cv, i, &n);
+    const Cover c[3] = {cover(g, 0, i[0]), cover(g, 1, i[1]), cover(g, 2, i[2])};
+    covered[j] = c[0].n > 0 && c[1].n > 0 && c[2].n > 0;
+    if (!covered[j]) continue;
+    const i64 off = ((n * g.out[0] + c[0].o) * g.out[1] + c[1].o) * static_cast<i64>(g.out[2]) *
+                        g.C + static_cast<i64>(c[2].o) * g.C + static_cast<i64>(cv) * V;
+    rd[j] = VT::load(dy + off);
+    if (kMax) {
+      AV::load_words(arg + off, sel[j]);
+      k[j] = (c[0].k * g.win[1] + c[1].k) * g.win[2] + c[2].k;
+    } else {
+      const int o[3] = {c[0].o, c[1].o, c[2].o};
+      div[j] = avg_divisor(g, o);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const I t = t0 + static_cast<I>(j) * kBlock;
+    if (t >= items) continue;
+    A acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = A(0);
+    if (covered[j]) {
+      A d[V];
+      VT::unpack(rd[j], d);
+      if (kMax) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = AV::tap(sel[j], e) == k[j] ? acc[e] + d[e] : acc[e];
+      } else {
+        const A inv = A(1) / static_cast<A>(div[j]);
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = d[e] * inv;
+      }
+    }
+    VT::store(dx + static_cast<i64>(t) * V, acc);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -805,6 +970,15 @@ Geo make_geo(const PoolProblem& p, int V) {
     g.fst[d] = FastDiv(p.stride[d]);
   }
   g.fcv = FastDiv(g.CV);
+  // Every window counts all its taps when the first and last windows of each dimension lie in
+  // the counting region.
+  bool uniform = true;
+  for (int d = 0; d < 3; ++d) {
+    const i64 first = -p.pad_lo[d];
+    const i64 last = (p.out[d] - 1) * p.stride[d] - p.pad_lo[d] + (p.window[d] - 1) * p.dilation[d];
+    uniform = uniform && first >= -p.count_lo[d] && last < p.in[d] + p.count_hi[d];
+  }
+  g.uniform_div = uniform ? static_cast<int>(p.window_elems()) : 0;
   g.win_elems = static_cast<int>(p.window_elems());
   g.in_pix = p.in[0] * p.in[1] * p.in[2];
   g.out_pix = p.out[0] * p.out[1] * p.out[2];
@@ -847,6 +1021,20 @@ struct Launcher {
       while (S < 32 && (taps + S - 1) / S > kBatch && items * S < 2 * kFillThreads) S *= 2;
     }
     const bool lanes = one_channel && S > 1;
+    if constexpr (V == 1) {
+      PlaneTile pt;
+      if (S == 1 && one_channel && plane_tile(&pt)) {
+        using A = typename AccOf<T>::type;
+        const i64 blocks = p.N * static_cast<i64>(pt.ftw.d) * pt.fth.d;
+        const size_t smem = sizeof(A) * pt.ih * pt.iw;
+        const dim3 block(kTileW, 8);
+        if (is_max) plane_fwd_kernel<T, true><<<static_cast<unsigned>(blocks), block, smem,
+                                                stream>>>(g, pt, x, y);
+        else plane_fwd_kernel<T, false><<<static_cast<unsigned>(blocks), block, smem,
+                                          stream>>>(g, pt, x, y);
+        return launched(is_max ? "max pool forward (tiles)" : "avg pool forward (tiles)");
+      }
+    }
     if (S == 1) {
       if (is_max) window_fwd_kernel<T, V, true, I><<<blocks_for(items, kBlock), kBlock, 0,
                                                       stream>>>(g, x, y, static_cast<I>(items));
@@ -869,6 +1057,39 @@ struct Launcher {
     return launched(is_max ? "max pool forward (split)" : "avg pool forward (split)");
   }
 
+  // The tiles of plane_fwd_kernel: one-channel images, a window over the two innermost
+  // dimensions only, at least 8 x 16 outputs per image and an input region within 32 KB.
+  bool plane_tile(PlaneTile* pt) const {
+    if (p.in[0] != 1 || p.out[0] != 1 || p.window[0] != 1 || p.pad_lo[0] != 0) return false;
+    if (p.out[1] < 8 || p.out[2] < 16) return false;
+    using A = typename AccOf<T>::type;
+    for (int rows = 4; rows >= 1; rows /= 2) {
+      const i64 th = 8 * rows;
+      const i64 ih = (th - 1) * p.stride[1] + (p.window[1] - 1) * p.dilation[1] + 1;
+      const i64 iw = (kTileW - 1) * p.stride[2] + (p.window[2] - 1) * p.dilation[2] + 1;
+      const i64 down = (p.out[1] + th - 1) / th;
+      if (rows > 1 && 4 * down * th > 5 * p.out[1]) continue;  // over a fifth of the rows idle
+      if (ih * iw * static_cast<i64>(sizeof(A)) > (32 << 10)) continue;
+      const i64 across = (p.out[2] + kTileW - 1) / kTileW;
+      if (p.N * across * down > std::numeric_limits<int32_t>::max()) return false;
+      pt->rows = rows;
+      pt->ih = static_cast<int>(ih);
+      pt->iw = static_cast<int>(iw);
+      pt->ftw = FastDiv(across);
+      pt->fth = FastDiv(down);
+      pt->fiw = FastDiv(iw);
+      return true;
+    }
+    return false;
+  }
+
+  // Every input lies in at most one window.
+  bool disjoint() const {
+    for (int d = 0; d < 3; ++d)
+      if ((p.window[d] - 1) * p.dilation[d] + 1 > p.stride[d] && p.out[d] > 1) return false;
+    return true;
+  }
+
   std::string gather(const T* x, const T* tangent, T* y) const {
     const i64 items = p.y_elems() / V;
     if (items == 0) return "";
@@ -887,6 +1108,11 @@ struct Launcher {
     }
     const i64 in_items = p.x_elems() / V;
     if (in_items == 0) return "";
+    if (disjoint()) {
+      disjoint_bwd_kernel<T, V, true, G, I><<<blocks_for(in_items, kBlock * kItems), kBlock, 0,
+                                              stream>>>(g, dy, arg, dx, static_cast<I>(in_items));
+      return launched("max pool scatter (disjoint windows)");
+    }
     scatter_kernel<T, V, G, I><<<blocks_for(in_items, kBlock), kBlock, 0, stream>>>(
         g, dy, arg, dx, static_cast<I>(in_items));
     return launched("max pool scatter");
@@ -895,6 +1121,12 @@ struct Launcher {
   std::string avg_backward(const T* dy, T* dx) const {
     const i64 items = p.x_elems() / V;
     if (items == 0) return "";
+    if (disjoint()) {
+      disjoint_bwd_kernel<T, V, false, uint8_t, I><<<blocks_for(items, kBlock * kItems), kBlock,
+                                                     0, stream>>>(g, dy, nullptr, dx,
+                                                                  static_cast<I>(items));
+      return launched("avg pool backward (disjoint windows)");
+    }
     avg_bwd_kernel<T, V, I><<<blocks_for(items, kBlock), kBlock, 0, stream>>>(
         g, dy, dx, static_cast<I>(items));
     return launched("avg pool backward");

@@ -17,7 +17,7 @@ src, launches = re.subn(r"(\w+_kernel<[^<>]*>)<<<(.*?)>>>\(",
                         lambda m: f"emu::launch({m.group(1)}, {m.group(2)}, ", src, flags=re.S)
 src, shared = re.subn(r"extern __shared__ unsigned char (\w+)\[\];",
                       r"unsigned char* \1 = emu::shared_mem();", src)
-assert launches >= 5 and shared == 1, (launches, shared)
+assert launches >= 5 and shared >= 1, (launches, shared)
 open(sys.argv[2], "w").write(src)
 PY
 F="-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined

@@ -36,6 +36,10 @@ t1=$SECONDS
 JAXDNN_POOL_SPLIT=1 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 $BIN quick \
   > "$O/racecheck.txt" 2>&1 || rc=1
 echo "racecheck (split kernels): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck.txt" | tail -1) ($((SECONDS - t1)) s)"
+t1=$SECONDS
+env -u JAXDNN_POOL_SPLIT timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 $BIN quick \
+  --only c1-tiles > "$O/racecheck_tiles.txt" 2>&1 || rc=1
+echo "racecheck (tiled one-channel forward): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck_tiles.txt" | tail -1) ($((SECONDS - t1)) s)"
 echo "---- timings (median of 7 x 20 launches; GB/s counts bytes read + written)"
 timeout 120 $BIN --no-check bench --csv "$O/bench.csv" | grep "^BENCH" | tee "$O/bench.txt"
 echo "total $((SECONDS - t0)) s, rc=$rc"
