@@ -2,14 +2,20 @@
 // (N, D, H, W, C) as pool_problem.h defines them; channels-first arrays arrive as N*C images of
 // one channel. Same operations, tie rules and arithmetic as pool_cpu.cc.
 //
-// Kernels (one thread per item; an item is one pixel x one vector of V channels):
-//   window_fwd   max / avg forward: thread = (output pixel, channel vector), taps of its window
-//                in window order, loads of the innermost dimension issued 4 at a time.
+// Kernels (one thread per item unless said otherwise; an item is one pixel x one vector of V
+// channels):
+//   window_fwd   max / avg forward: thread = (output pixel, channel vector), the in-bounds taps
+//                of its window in window order, walked as one flat sequence with 8 loads in
+//                flight; 16-bit vector max works on packed pairs (bf16x2 / half2, NaN wins).
+//   plane_fwd    max / avg forward of one-channel images (channels-first) with windows over the
+//                two innermost dimensions: a 32 x 8 block stages the input region of a tile of
+//                32 x 8*rows outputs in shared memory once, coalesced, and each output reads its
+//                taps from there in window order.
 //   split_fwd    max / avg forward for large windows with few outputs (global pooling): S
-//                threads share one item, thread s takes taps s, s+S, ... of the in-bounds taps;
-//                the S partials are combined in a fixed order through shared memory. With one
-//                channel (channels-first) the S threads are consecutive lanes, so the loads of a
-//                window row coalesce.
+//                threads share one item, thread s takes the s-th of S consecutive runs of the
+//                in-bounds taps (about one batch of loads each); the S partials are combined in
+//                thread order through shared memory. With one channel (channels-first) the S
+//                threads are consecutive lanes, so the loads of a window row coalesce.
 //   select       the arg-max selection of a window (first tap, replaced by a later tap v unless
 //                the selection s >= v; padding taps are -inf candidates that route nothing):
 //                either the tangent at the arg-max (kMaxGather) or the arg-max tap itself into
@@ -18,6 +24,12 @@
 //                of the windows covering it whose arg-max is its tap. No atomics: deterministic.
 //   avg_bwd      thread = (input pixel, channel vector), gathers dy / divisor of the windows
 //                covering it.
+//   disjoint_bwd scatter's second pass / avg backward when windows do not overlap (stride >=
+//                dilated window, or one window: 2x2 stride 2, global pooling): straight-line,
+//                4 inputs per thread, so their loads are in flight together.
+// Index math: items are decomposed with multiply-shift division (FastDiv, 32-bit items below
+// 2^31); tap ranges and covering windows take no division at dilation 1; the avg divisor is a
+// constant when every window counts all its taps.
 // Vectors: V = 16 bytes of channels (8 x 16-bit, 4 x f32, 2 x f64) when C % V == 0 and every
 // pointer is 16-byte aligned, else V = 1 (a warp then spans channels, or pixels along W with one
 // channel). The windows covering an input are enumerated per dimension in closed form (first
@@ -29,7 +41,8 @@
 // order), rounded once at the store (round to nearest even). The avg backward adds
 // dy * (1 / divisor) with fused multiply-adds (one product when a single window covers the input).
 // Max selects stored values, so max forward, the gather and the scatter of a single selection
-// are exact; split_fwd may return the other signed zero of a max tie between +0 and -0.
+// are exact; the max forward may return either zero of a tie between +0 and -0 (split_fwd,
+// packed 16-bit pairs).
 //
 // Nothing depends on timing, the device or the launch configuration beyond the problem itself:
 // results are bitwise reproducible. JAXDNN_POOL_SPLIT=0 / =1 (read once) turns split_fwd off /
@@ -599,64 +612,81 @@ __global__ void split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__
   VT::store(y + static_cast<i64>(t) * V, acc);
 }
 
-// Forward of one-channel images (channels-first layouts) with windows over the two innermost
-// dimensions: a block of kTileW x 8 threads computes a tile of kTileW x 8 * rows outputs of one
-// image from the input region they read, staged once in shared memory as accumulator values
-// (coalesced along rows); each output then reads its in-bounds taps from there in window order.
+// One-channel images (channels-first layouts) with windows over the two innermost dimensions:
+// a block of kTileW x 8 threads handles a tile of kTileW x 8 * rows pixels of one image (outputs
+// for the forward and the arg-max selection, inputs for the backward) from the region of the
+// other side they need, staged once in shared memory (coalesced along rows); each thread then
+// reads its taps / covering windows from there in the CPU's order.
 constexpr int kTileW = 32;
+constexpr int kTileThreads = kTileW * 8;
 
 struct PlaneTile {
-  int rows;          // outputs per thread, down the tile
-  int ih, iw;        // input region of a tile
+  int rows;          // pixels per thread, down the tile
+  int ih, iw;        // forward / select: the input region of a tile; backward: its bound
   FastDiv ftw, fth;  // tiles across and down an image
   FastDiv fiw;       // iw
 };
 
+// The image and the first row / column of this block's tile.
+struct TileAt {
+  i64 n;
+  int h0, w0;
+};
+
+__device__ __forceinline__ TileAt tile_at(const PlaneTile& pt) {
+  const uint32_t q1 = pt.ftw.div(blockIdx.x), q2 = pt.fth.div(q1);
+  return {static_cast<i64>(q2), static_cast<int>(q1 - q2 * pt.fth.d) * 8 * pt.rows,
+          static_cast<int>(blockIdx.x - q1 * pt.ftw.d) * kTileW};
+}
+
+// Stages the ih x iw input region at (r0, c0) of image xn as accumulator values (positions
+// outside the image hold 0 and are never read).
+template <typename T, typename A>
+__device__ __forceinline__ void stage_input(const Geo& g, const PlaneTile& pt, const T* xn,
+                                            int r0, int c0, A* tile) {
+  const int total = pt.ih * pt.iw;
+#ifdef JAXDNN_POOL_EMULATION
+  // The host emulation runs a block's threads one after another: each stages the whole tile.
+  for (int tid = 0; tid < kTileThreads; ++tid)
+#else
+  const int tid = threadIdx.y * kTileW + threadIdx.x;
+#endif
+  for (int base = tid; base < total; base += kBatch * kTileThreads) {
+    T v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int idx = base + j * kTileThreads;
+      const int r = static_cast<int>(pt.fiw.div(idx)), c = idx - r * pt.iw;
+      const int ir = r0 + r, ic = c0 + c;
+      if (idx < total && ir >= 0 && ir < g.in[1] && ic >= 0 && ic < g.in[2])
+        v[j] = xn[static_cast<i64>(ir) * g.in[2] + ic];
+      else v[j] = from_acc<T>(A(0));
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (base + j * kTileThreads < total) tile[base + j * kTileThreads] = to_acc(v[j]);
+  }
+}
+
+// Forward: max / avg over the in-bounds taps of each output in window order.
 template <typename T, bool kMax>
 __global__ void plane_fwd_kernel(Geo g, PlaneTile pt, const T* __restrict__ x,
                                  T* __restrict__ y) {
   using A = typename AccOf<T>::type;
   extern __shared__ unsigned char smem[];
   A* tile = reinterpret_cast<A*>(smem);
-  const uint32_t q1 = pt.ftw.div(blockIdx.x), q2 = pt.fth.div(q1);
-  const int th = 8 * pt.rows;  // output rows of a tile
-  const int ow0 = static_cast<int>(blockIdx.x - q1 * pt.ftw.d) * kTileW;
-  const int oh0 = static_cast<int>(q1 - q2 * pt.fth.d) * th;
-  const i64 n = q2;
-  const int r0 = oh0 * g.st[1] - g.pad[1], c0 = ow0 * g.st[2] - g.pad[2];
-  const T* xn = x + n * g.in_pix;
-  const int total = pt.ih * pt.iw;
-  constexpr int kThreads = kTileW * 8;
-#ifdef JAXDNN_POOL_EMULATION
-  // The host emulation runs a block's threads one after another: each stages the whole tile.
-  for (int tid = 0; tid < kThreads; ++tid)
-#else
-  const int tid = threadIdx.y * kTileW + threadIdx.x;
-#endif
-  for (int base = tid; base < total; base += kBatch * kThreads) {
-    T v[kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int idx = base + j * kThreads;
-      const int r = static_cast<int>(pt.fiw.div(idx)), c = idx - r * pt.iw;
-      const int ir = r0 + r, ic = c0 + c;
-      if (idx < total && ir >= 0 && ir < g.in[1] && ic >= 0 && ic < g.in[2])
-        v[j] = xn[static_cast<i64>(ir) * g.in[2] + ic];
-      else v[j] = from_acc<T>(A(0));  // outside the image: never read
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j)
-      if (base + j * kThreads < total) tile[base + j * kThreads] = to_acc(v[j]);
-  }
+  const TileAt at = tile_at(pt);
+  stage_input(g, pt, x + at.n * g.in_pix, at.h0 * g.st[1] - g.pad[1],
+              at.w0 * g.st[2] - g.pad[2], tile);
   __syncthreads();
-  const int ow = ow0 + threadIdx.x;
+  const int ow = at.w0 + threadIdx.x;
   if (ow >= g.out[2]) return;
   int kc0, kc1;
   tap_range(ow * g.st[2] - g.pad[2], g.dl[2], g.win[2], 0, g.in[2], &kc0, &kc1);
   const int col = threadIdx.x * g.st[2];
   const int fc = g.uniform_div ? 1 : divisor_factor(g, 2, ow);
   for (int r = 0; r < pt.rows; ++r) {
-    const int ty = threadIdx.y + 8 * r, oh = oh0 + ty;
+    const int ty = threadIdx.y + 8 * r, oh = at.h0 + ty;
     if (oh >= g.out[1]) break;
     int kb0, kb1;
     tap_range(oh * g.st[1] - g.pad[1], g.dl[1], g.win[1], 0, g.in[1], &kb0, &kb1);
@@ -674,7 +704,135 @@ __global__ void plane_fwd_kernel(Geo g, PlaneTile pt, const T* __restrict__ x,
                                     : divisor_factor(g, 0, 0) * divisor_factor(g, 1, oh) * fc;
       acc = acc / static_cast<A>(div);
     }
-    y[n * g.out_pix + static_cast<i64>(oh) * g.out[2] + ow] = from_acc<T>(acc);
+    y[at.n * g.out_pix + static_cast<i64>(oh) * g.out[2] + ow] = from_acc<T>(acc);
+  }
+}
+
+// Arg-max selection (select_kernel's rule over every tap, padding included, in window order):
+// kGather writes the tangent at the arg-max (copied; 0 for padding), else the arg-max tap.
+template <typename T, bool kGather, typename G>
+__global__ void plane_select_kernel(Geo g, PlaneTile pt, const T* __restrict__ x,
+                                    const T* __restrict__ tangent, T* __restrict__ y,
+                                    G* __restrict__ arg) {
+  using A = typename AccOf<T>::type;
+  extern __shared__ unsigned char smem[];
+  A* tile = reinterpret_cast<A*>(smem);
+  const TileAt at = tile_at(pt);
+  stage_input(g, pt, x + at.n * g.in_pix, at.h0 * g.st[1] - g.pad[1],
+              at.w0 * g.st[2] - g.pad[2], tile);
+  __syncthreads();
+  const int ow = at.w0 + threadIdx.x;
+  if (ow >= g.out[2]) return;
+  int kc0, kc1;
+  tap_range(ow * g.st[2] - g.pad[2], g.dl[2], g.win[2], 0, g.in[2], &kc0, &kc1);
+  const int col = threadIdx.x * g.st[2];
+  for (int r = 0; r < pt.rows; ++r) {
+    const int ty = threadIdx.y + 8 * r, oh = at.h0 + ty;
+    if (oh >= g.out[1]) break;
+    int kb0, kb1;
+    tap_range(oh * g.st[1] - g.pad[1], g.dl[1], g.win[1], 0, g.in[1], &kb0, &kb1);
+    A sel = quiet_nan<A>();  // NaN: the first tap replaces it, whatever its value
+    int sb = -1, sc = 0;     // the selected tap (sb < 0: padding or none)
+    // A padding tap (-inf, no tap) replaces only a NaN selection.
+    auto padding = [&]() {
+      const bool take = sel != sel;
+      sel = take ? neg_inf<A>() : sel;
+      sb = take ? -1 : sb;
+    };
+    for (int kb = 0; kb < g.win[1]; ++kb) {
+      if (kb < kb0 || kb >= kb1 || kc0 >= kc1) {  // a row of padding
+        padding();
+        continue;
+      }
+      if (kc0 > 0) padding();
+      const A* row = tile + (ty * g.st[1] + kb * g.dl[1]) * pt.iw + col;
+      for (int kc = kc0; kc < kc1; ++kc) {
+        const A v = row[kc * g.dl[2]];
+        const bool take = !(sel >= v);
+        sel = take ? v : sel;
+        sb = take ? kb : sb;
+        sc = take ? kc : sc;
+      }
+      if (kc1 < g.win[2]) padding();
+    }
+    const i64 yo = at.n * g.out_pix + static_cast<i64>(oh) * g.out[2] + ow;
+    if (kGather) {
+      T picked = from_acc<T>(A(0));
+      if (sb >= 0)
+        picked = tangent[at.n * g.in_pix +
+                         static_cast<i64>(oh * g.st[1] - g.pad[1] + sb * g.dl[1]) * g.in[2] +
+                         (ow * g.st[2] - g.pad[2] + sc * g.dl[2])];
+      y[yo] = picked;
+    } else {
+      arg[yo] = static_cast<G>(sb >= 0 ? sb * g.win[2] + sc : no_tap<G>());
+    }
+  }
+}
+
+// Backward, a tile of inputs: the avg backward (!kMax) or the scatter's second pass (kMax) from
+// the dy (and arg-max) region of the outputs covering the tile, in the CPU's order.
+template <typename T, bool kMax, typename G>
+__global__ void plane_bwd_kernel(Geo g, PlaneTile pt, const T* __restrict__ dy,
+                                 const G* __restrict__ arg, T* __restrict__ dx) {
+  using A = typename AccOf<T>::type;
+  extern __shared__ unsigned char smem[];
+  A* dyt = reinterpret_cast<A*>(smem);
+  G* argt = reinterpret_cast<G*>(smem + sizeof(A) * pt.ih * pt.iw);
+  const TileAt at = tile_at(pt);
+  // The outputs covering inputs [h0, h1) x [w0, w1): [olo, ohi] along each dimension.
+  int olo[2], cnt[2];
+#pragma unroll
+  for (int d = 0; d < 2; ++d) {
+    const int dim = d + 1;
+    const int i0 = d == 0 ? at.h0 : at.w0;
+    const int i1 = min(i0 + (d == 0 ? 8 * pt.rows : kTileW), g.in[dim]);
+    const int lo = i0 + g.pad[dim] - (g.win[dim] - 1) * g.dl[dim];
+    olo[d] = lo <= 0 ? 0 : static_cast<int>(g.fst[dim].div(lo + g.st[dim] - 1));
+    const int hi = i1 - 1 + g.pad[dim];
+    const int ohi = hi < 0 ? -1 : min(static_cast<int>(g.fst[dim].div(hi)), g.out[dim] - 1);
+    cnt[d] = max(ohi - olo[d] + 1, 0);
+  }
+  const i64 ybase = at.n * g.out_pix;
+#ifdef JAXDNN_POOL_EMULATION
+  // The host emulation runs a block's threads one after another: each stages the whole region.
+  for (int ty0 = 0; ty0 < 8; ++ty0)
+    for (int tx0 = 0; tx0 < kTileW; ++tx0)
+#else
+  const int ty0 = threadIdx.y, tx0 = threadIdx.x;
+#endif
+  for (int r = ty0; r < cnt[0]; r += 8)
+    for (int c = tx0; c < cnt[1]; c += kTileW) {
+      const i64 yo = ybase + static_cast<i64>(olo[0] + r) * g.out[2] + olo[1] + c;
+      dyt[r * pt.iw + c] = to_acc(dy[yo]);
+      if (kMax) argt[r * pt.iw + c] = arg[yo];
+    }
+  __syncthreads();
+  const int iw = at.w0 + threadIdx.x;
+  if (iw >= g.in[2]) return;
+  const Cover c2 = cover(g, 2, iw);
+  for (int r = 0; r < pt.rows; ++r) {
+    const int ih = at.h0 + threadIdx.y + 8 * r;
+    if (ih >= g.in[1]) break;
+    const Cover c1 = cover(g, 1, ih);
+    const bool single = c1.n * c2.n == 1;
+    A acc = A(0);
+    for (int a = 0; a < c1.n; ++a) {
+      const int ob = c1.o - a * g.costep[1], kb = c1.k + a * g.cstep[1];
+      const int fb = kMax || g.uniform_div ? 1 : divisor_factor(g, 0, 0) * divisor_factor(g, 1, ob);
+      for (int c = 0; c < c2.n; ++c) {
+        const int oc = c2.o - c * g.costep[2], kc = c2.k + c * g.cstep[2];
+        const int idx = (ob - olo[0]) * pt.iw + (oc - olo[1]);
+        const A d = dyt[idx];
+        if (kMax) {
+          acc = static_cast<int>(argt[idx]) == kb * g.win[2] + kc ? acc + d : acc;
+        } else {
+          const int div = g.uniform_div ? g.uniform_div : fb * divisor_factor(g, 2, oc);
+          const A inv = A(1) / static_cast<A>(div);
+          acc = single ? d * inv : fma_acc(d, inv, acc);
+        }
+      }
+    }
+    dx[at.n * g.in_pix + static_cast<i64>(ih) * g.in[2] + iw] = from_acc<T>(acc);
   }
 }
 
@@ -1021,19 +1179,15 @@ struct Launcher {
       while (S < 32 && (taps + S - 1) / S > kBatch && items * S < 2 * kFillThreads) S *= 2;
     }
     const bool lanes = one_channel && S > 1;
-    if constexpr (V == 1) {
-      PlaneTile pt;
-      if (S == 1 && one_channel && plane_tile(&pt)) {
-        using A = typename AccOf<T>::type;
-        const i64 blocks = p.N * static_cast<i64>(pt.ftw.d) * pt.fth.d;
-        const size_t smem = sizeof(A) * pt.ih * pt.iw;
-        const dim3 block(kTileW, 8);
-        if (is_max) plane_fwd_kernel<T, true><<<static_cast<unsigned>(blocks), block, smem,
-                                                stream>>>(g, pt, x, y);
-        else plane_fwd_kernel<T, false><<<static_cast<unsigned>(blocks), block, smem,
-                                          stream>>>(g, pt, x, y);
-        return launched(is_max ? "max pool forward (tiles)" : "avg pool forward (tiles)");
-      }
+    PlaneTile pt;
+    if (S == 1 && plane_tile(false, 0, &pt)) {
+      using A = typename AccOf<T>::type;
+      const size_t smem = sizeof(A) * pt.ih * pt.iw;
+      const dim3 block(kTileW, 8);
+      if (is_max) plane_fwd_kernel<T, true><<<plane_blocks(pt), block, smem, stream>>>(g, pt, x,
+                                                                                       y);
+      else plane_fwd_kernel<T, false><<<plane_blocks(pt), block, smem, stream>>>(g, pt, x, y);
+      return launched(is_max ? "max pool forward (tiles)" : "avg pool forward (tiles)");
     }
     if (S == 1) {
       if (is_max) window_fwd_kernel<T, V, true, I><<<blocks_for(items, kBlock), kBlock, 0,
@@ -1057,20 +1211,26 @@ struct Launcher {
     return launched(is_max ? "max pool forward (split)" : "avg pool forward (split)");
   }
 
-  // The tiles of plane_fwd_kernel: one-channel images, a window over the two innermost
-  // dimensions only, at least 8 x 16 outputs per image and an input region within 32 KB.
-  bool plane_tile(PlaneTile* pt) const {
+  // The tiles of the plane kernels: one-channel images, a window over the two innermost
+  // dimensions only, at least 8 x 16 pixels on the tiled side (outputs, or inputs when
+  // `backward`) and the staged region within 32 KB (arg-max entries of `arg_bytes` each too).
+  bool plane_tile(bool backward, size_t arg_bytes, PlaneTile* pt) const {
+    if (V != 1 || p.C != 1) return false;
     if (p.in[0] != 1 || p.out[0] != 1 || p.window[0] != 1 || p.pad_lo[0] != 0) return false;
-    if (p.out[1] < 8 || p.out[2] < 16) return false;
+    const i64 h = backward ? p.in[1] : p.out[1], w = backward ? p.in[2] : p.out[2];
+    if (h < 8 || w < 16) return false;
     using A = typename AccOf<T>::type;
     for (int rows = 4; rows >= 1; rows /= 2) {
       const i64 th = 8 * rows;
-      const i64 ih = (th - 1) * p.stride[1] + (p.window[1] - 1) * p.dilation[1] + 1;
-      const i64 iw = (kTileW - 1) * p.stride[2] + (p.window[2] - 1) * p.dilation[2] + 1;
-      const i64 down = (p.out[1] + th - 1) / th;
-      if (rows > 1 && 4 * down * th > 5 * p.out[1]) continue;  // over a fifth of the rows idle
-      if (ih * iw * static_cast<i64>(sizeof(A)) > (32 << 10)) continue;
-      const i64 across = (p.out[2] + kTileW - 1) / kTileW;
+      const i64 down = (h + th - 1) / th, across = (w + kTileW - 1) / kTileW;
+      if (rows > 1 && 4 * down * th > 5 * h) continue;  // over a fifth of the rows idle
+      const i64 span1 = (p.window[1] - 1) * p.dilation[1], span2 = (p.window[2] - 1) * p.dilation[2];
+      // Forward: the input region of th x kTileW outputs. Backward: a bound on the outputs
+      // covering th x kTileW inputs.
+      const i64 ih = backward ? (th - 1 + span1) / p.stride[1] + 2 : (th - 1) * p.stride[1] + span1 + 1;
+      const i64 iw = backward ? (kTileW - 1 + span2) / p.stride[2] + 2
+                              : (kTileW - 1) * p.stride[2] + span2 + 1;
+      if (ih * iw * static_cast<i64>(sizeof(A) + arg_bytes) > (32 << 10)) continue;
       if (p.N * across * down > std::numeric_limits<int32_t>::max()) return false;
       pt->rows = rows;
       pt->ih = static_cast<int>(ih);
@@ -1083,6 +1243,10 @@ struct Launcher {
     return false;
   }
 
+  unsigned plane_blocks(const PlaneTile& pt) const {
+    return static_cast<unsigned>(p.N * static_cast<i64>(pt.ftw.d) * pt.fth.d);
+  }
+
   // Every input lies in at most one window.
   bool disjoint() const {
     for (int d = 0; d < 3; ++d)
@@ -1093,6 +1257,14 @@ struct Launcher {
   std::string gather(const T* x, const T* tangent, T* y) const {
     const i64 items = p.y_elems() / V;
     if (items == 0) return "";
+    using A = typename AccOf<T>::type;
+    PlaneTile pt;
+    if (plane_tile(false, 0, &pt)) {
+      plane_select_kernel<T, true, uint8_t><<<plane_blocks(pt), dim3(kTileW, 8),
+                                              sizeof(A) * pt.ih * pt.iw, stream>>>(
+          g, pt, x, tangent, y, nullptr);
+      return launched("max pool gather (tiles)");
+    }
     select_kernel<T, V, true, uint8_t, I><<<blocks_for(items, kBlock), kBlock, 0, stream>>>(
         g, x, tangent, y, nullptr, static_cast<I>(items));
     return launched("max pool gather");
@@ -1100,14 +1272,27 @@ struct Launcher {
 
   template <typename G>
   std::string scatter(const T* x, const T* dy, T* dx, G* arg) const {
+    using A = typename AccOf<T>::type;
     const i64 out_items = p.y_elems() / V;
-    if (out_items > 0) {
+    PlaneTile pt;
+    if (out_items > 0 && plane_tile(false, 0, &pt)) {
+      plane_select_kernel<T, false, G><<<plane_blocks(pt), dim3(kTileW, 8),
+                                         sizeof(A) * pt.ih * pt.iw, stream>>>(
+          g, pt, x, nullptr, nullptr, arg);
+      if (std::string err = launched("max pool arg-max (tiles)"); !err.empty()) return err;
+    } else if (out_items > 0) {
       select_kernel<T, V, false, G, I><<<blocks_for(out_items, kBlock), kBlock, 0, stream>>>(
           g, x, nullptr, nullptr, arg, static_cast<I>(out_items));
       if (std::string err = launched("max pool arg-max"); !err.empty()) return err;
     }
     const i64 in_items = p.x_elems() / V;
     if (in_items == 0) return "";
+    if (plane_tile(true, sizeof(G), &pt)) {
+      plane_bwd_kernel<T, true, G><<<plane_blocks(pt), dim3(kTileW, 8),
+                                     (sizeof(A) + sizeof(G)) * pt.ih * pt.iw, stream>>>(
+          g, pt, dy, arg, dx);
+      return launched("max pool scatter (tiles)");
+    }
     if (disjoint()) {
       disjoint_bwd_kernel<T, V, true, G, I><<<blocks_for(in_items, kBlock * kItems), kBlock, 0,
                                               stream>>>(g, dy, arg, dx, static_cast<I>(in_items));
@@ -1121,6 +1306,14 @@ struct Launcher {
   std::string avg_backward(const T* dy, T* dx) const {
     const i64 items = p.x_elems() / V;
     if (items == 0) return "";
+    using A = typename AccOf<T>::type;
+    PlaneTile pt;
+    if (plane_tile(true, 0, &pt)) {
+      plane_bwd_kernel<T, false, uint8_t><<<plane_blocks(pt), dim3(kTileW, 8),
+                                            sizeof(A) * pt.ih * pt.iw, stream>>>(
+          g, pt, dy, nullptr, dx);
+      return launched("avg pool backward (tiles)");
+    }
     if (disjoint()) {
       disjoint_bwd_kernel<T, V, false, uint8_t, I><<<blocks_for(items, kBlock * kItems), kBlock,
                                                      0, stream>>>(g, dy, nullptr, dx,

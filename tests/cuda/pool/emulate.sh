@@ -5,7 +5,9 @@
 # g++ against the emulated runtime in emu/ (AddressSanitizer, UBSan alignment checks) and runs
 # the checker with the forward's heuristic, plain and split kernels; first it checks the
 # checker's reference against the CPU kernels. What it cannot see: nvcc compile errors, real
-# concurrency, the device's own rounding intrinsics, speed.
+# concurrency (the tiled one-channel forward stages its whole tile in every emulated thread;
+# run.sh racechecks the real split of that load on the GPU), the device's own rounding and
+# packed 16-bit max intrinsics, speed.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 D=${TMPDIR:-/tmp}/jaxdnn-poolemu
