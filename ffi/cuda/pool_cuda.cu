@@ -2,14 +2,20 @@
 // (N, D, H, W, C) as pool_problem.h defines them; channels-first arrays arrive as N*C images of
 // one channel. Same operations, tie rules and arithmetic as pool_cpu.cc.
 //
-// Kernels (one thread per item; an item is one pixel x one vector of V channels):
-//   window_fwd   max / avg forward: thread = (output pixel, channel vector), taps of its window
-//                in window order, loads of the innermost dimension issued 4 at a time.
+// Kernels (one thread per item unless said otherwise; an item is one pixel x one vector of V
+// channels):
+//   window_fwd   max / avg forward: thread = (output pixel, channel vector), the in-bounds taps
+//                of its window in window order, walked as one flat sequence with 8 loads in
+//                flight; 16-bit vector max works on packed pairs (bf16x2 / half2, NaN wins).
+//   plane_fwd    max / avg forward of one-channel images (channels-first) with windows over the
+//                two innermost dimensions: a 32 x 8 block stages the input region of a tile of
+//                32 x 8*rows outputs in shared memory once, coalesced, and each output reads its
+//                taps from there in window order.
 //   split_fwd    max / avg forward for large windows with few outputs (global pooling): S
-//                threads share one item, thread s takes taps s, s+S, ... of the in-bounds taps;
-//                the S partials are combined in a fixed order through shared memory. With one
-//                channel (channels-first) the S threads are consecutive lanes, so the loads of a
-//                window row coalesce.
+//                threads share one item, thread s takes the s-th of S consecutive runs of the
+//                in-bounds taps (about one batch of loads each); the S partials are combined in
+//                thread order through shared memory. With one channel (channels-first) the S
+//                threads are consecutive lanes, so the loads of a window row coalesce.
 //   select       the arg-max selection of a window (first tap, replaced by a later tap v unless
 //                the selection s >= v; padding taps are -inf candidates that route nothing):
 //                either the tangent at the arg-max (kMaxGather) or the arg-max tap itself into
@@ -18,6 +24,12 @@
 //                of the windows covering it whose arg-max is its tap. No atomics: deterministic.
 //   avg_bwd      thread = (input pixel, channel vector), gathers dy / divisor of the windows
 //                covering it.
+//   disjoint_bwd scatter's second pass / avg backward when windows do not overlap (stride >=
+//                dilated window, or one window: 2x2 stride 2, global pooling): straight-line,
+//                4 inputs per thread, so their loads are in flight together.
+// Index math: items are decomposed with multiply-shift division (FastDiv, 32-bit items below
+// 2^31); tap ranges and covering windows take no division at dilation 1; the avg divisor is a
+// constant when every window counts all its taps.
 // Vectors: V = 16 bytes of channels (8 x 16-bit, 4 x f32, 2 x f64) when C % V == 0 and every
 // pointer is 16-byte aligned, else V = 1 (a warp then spans channels, or pixels along W with one
 // channel). The windows covering an input are enumerated per dimension in closed form (first
@@ -29,7 +41,8 @@
 // order), rounded once at the store (round to nearest even). The avg backward adds
 // dy * (1 / divisor) with fused multiply-adds (one product when a single window covers the input).
 // Max selects stored values, so max forward, the gather and the scatter of a single selection
-// are exact; split_fwd may return the other signed zero of a max tie between +0 and -0.
+// are exact; the max forward may return either zero of a tie between +0 and -0 (split_fwd,
+// packed 16-bit pairs).
 //
 // Nothing depends on timing, the device or the launch configuration beyond the problem itself:
 // results are bitwise reproducible. JAXDNN_POOL_SPLIT=0 / =1 (read once) turns split_fwd off /
@@ -58,6 +71,24 @@ constexpr int kBlock = 256;
 constexpr i64 kFillThreads = i64(1) << 18;
 
 // ---------------------------------------------------------------------------------------------
+// Division of numerators 0 <= n < 2^31 by a fixed divisor d >= 1: a multiply-high and a shift
+// (m = ceil(2^p / d) with p = 31 + ceil(log2 d); m = 0 stands for d = 1).
+struct FastDiv {
+  uint32_t d = 1, m = 0, s = 0;
+  FastDiv() = default;
+  explicit FastDiv(i64 divisor) {
+    d = divisor < 1 ? 1 : static_cast<uint32_t>(divisor);
+    if (d == 1) return;
+    int l = 0;
+    while ((uint64_t(1) << l) < d) ++l;
+    m = static_cast<uint32_t>(((uint64_t(1) << (31 + l)) + d - 1) / d);
+    s = static_cast<uint32_t>(l - 1);
+  }
+  __host__ __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return m == 0 ? n : static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> 32) >> s;
+  }
+};
+
 // Geometry handed to the kernels (every spatial quantity fits in int: pool_can_implement).
 struct Geo {
   int C;                         // channels
@@ -66,6 +97,8 @@ struct Geo {
   int cstep[3], costep[3];       // covering windows: tap step stride / g, output step dilation / g
   int win_elems;
   i64 in_pix, out_pix;           // pixels of one image
+  FastDiv fcv, fin[3], fout[3], fst[3];  // CV, the extents and the strides as divisors
+  int uniform_div;               // the avg divisor when every window counts all its taps, else 0
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -175,17 +208,16 @@ struct ArgVec {
   static constexpr int kPer = kPiece / sizeof(G);  // taps per piece
   using R = typename Raw<kPiece>::type;
 
-  static __device__ __forceinline__ void load(const G* p, int (&o)[V]) {
+  // The raw words of V taps, and tap e of them.
+  static constexpr int kAllWords = V / kPer * kWords;
+  static __device__ __forceinline__ void load_words(const G* p, uint32_t (&w)[kAllWords]) {
 #pragma unroll
-    for (int q = 0; q < V; q += kPer) {
-      uint32_t w[kWords];
-      to_words(ldg_raw(reinterpret_cast<const R*>(p + q)), w);
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        if (sizeof(G) == 1) o[q + e] = (w[e / 4] >> (8 * (e % 4))) & 0xff;
-        else o[q + e] = static_cast<int>(w[e]);
-      }
-    }
+    for (int q = 0; q < V; q += kPer)
+      to_words(ldg_raw(reinterpret_cast<const R*>(p + q)), w + q / kPer * kWords);
+  }
+  static __device__ __forceinline__ int tap(const uint32_t (&w)[kAllWords], int e) {
+    if (sizeof(G) == 1) return (w[e / 4] >> (8 * (e % 4))) & 0xff;
+    return static_cast<int>(w[e]);
   }
   static __device__ __forceinline__ void store(G* p, const int (&v)[V]) {
 #pragma unroll
@@ -208,12 +240,15 @@ struct ArgVec {
 // ---------------------------------------------------------------------------------------------
 // Window arithmetic (pool_cpu.cc's, in int).
 
+// n / d for n >= 0 (most windows have dilation 1: no division).
+__device__ __forceinline__ int div_pos(int n, int d) { return d == 1 ? n : n / d; }
+
 // Taps k in [0, window) of a window whose tap 0 sits at `start` with
 // lo <= start + k * dilation < hi, as the half-open range [*k0, *k1).
 __device__ __forceinline__ void tap_range(int start, int dilation, int window, int lo, int hi,
                                           int* k0, int* k1) {
-  const int first = start >= lo ? 0 : (lo - start + dilation - 1) / dilation;
-  int last = start >= hi ? 0 : (hi - 1 - start) / dilation + 1;
+  const int first = start >= lo ? 0 : div_pos(lo - start + dilation - 1, dilation);
+  int last = start >= hi ? 0 : div_pos(hi - 1 - start, dilation) + 1;
   last = min(last, window);
   *k0 = min(first, last);
   *k1 = last;
@@ -224,6 +259,11 @@ __device__ __forceinline__ int divisor_factor(const Geo& g, int d, int o) {
   int k0, k1;
   tap_range(o * g.st[d] - g.pad[d], g.dl[d], g.win[d], -g.clo[d], g.in[d] + g.chi[d], &k0, &k1);
   return k1 - k0;
+}
+
+__device__ __forceinline__ int avg_divisor(const Geo& g, const int (&o)[3]) {
+  if (g.uniform_div) return g.uniform_div;
+  return divisor_factor(g, 0, o[0]) * divisor_factor(g, 1, o[1]) * divisor_factor(g, 2, o[2]);
 }
 
 // Windows covering input i along dimension d: taps k = k, k + step, ... (n of them, increasing)
@@ -237,6 +277,16 @@ __device__ __forceinline__ Cover cover(const Geo& g, int d, int i) {
   const int u = i + g.pad[d];
   if (g.out[d] <= 0 || u < 0) return c;
   const int st = g.st[d], dl = g.dl[d];
+  if (dl == 1) {  // outputs o in [ceil((u - win + 1) / st), u / st], taps u - o * st
+    const int ohi = min(static_cast<int>(g.fst[d].div(u)), g.out[d] - 1);
+    const int r = u - g.win[d] + 1;
+    const int olo = r <= 0 ? 0 : static_cast<int>(g.fst[d].div(r + st - 1));
+    if (olo > ohi) return c;
+    c.k = u - ohi * st;
+    c.o = ohi;
+    c.n = ohi - olo + 1;
+    return c;
+  }
   const int kmax = min(g.win[d] - 1, u / dl);        // o * stride >= 0
   const int lo = u - (g.out[d] - 1) * st;            // o <= out - 1
   const int kmin = lo <= 0 ? 0 : (lo + dl - 1) / dl;
@@ -253,19 +303,30 @@ __device__ __forceinline__ Cover cover(const Geo& g, int d, int i) {
   return c;
 }
 
-// Decomposes item t of an (N, e0, e1, e2, CV) index space.
-// (The extents come by value: the address of a kernel parameter would cost a local copy.)
+// q = n / f.d (32-bit items: multiply-high; 64-bit: a division).
 template <typename I>
-__device__ __forceinline__ void split_item(I t, int CV, int e0, int e1, int e2, int* cv,
+__device__ __forceinline__ I divq(I n, const FastDiv& f) {
+  if constexpr (sizeof(I) == 4) return f.div(n);
+  else return n / f.d;
+}
+
+// Decomposes item t of an (N, e0, e1, e2, CV) index space (f: the divisors CV, e2, e1, e0).
+template <typename I>
+__device__ __forceinline__ void split_item(I t, const FastDiv& fcv, const FastDiv& f2,
+                                           const FastDiv& f1, const FastDiv& f0, int* cv,
                                            int p[3], i64* n) {
-  *cv = static_cast<int>(t % static_cast<I>(CV));
-  t /= static_cast<I>(CV);
-  p[2] = static_cast<int>(t % static_cast<I>(e2));
-  t /= static_cast<I>(e2);
-  p[1] = static_cast<int>(t % static_cast<I>(e1));
-  t /= static_cast<I>(e1);
-  p[0] = static_cast<int>(t % static_cast<I>(e0));
-  *n = static_cast<i64>(t / static_cast<I>(e0));
+  I q = divq(t, fcv);
+  *cv = static_cast<int>(t - q * fcv.d);
+  t = q;
+  q = divq(t, f2);
+  p[2] = static_cast<int>(t - q * f2.d);
+  t = q;
+  q = divq(t, f1);
+  p[1] = static_cast<int>(t - q * f1.d);
+  t = q;
+  q = divq(t, f0);
+  p[0] = static_cast<int>(t - q * f0.d);
+  *n = static_cast<i64>(q);
 }
 
 template <typename A>
@@ -273,63 +334,216 @@ __device__ __forceinline__ A max_step(A m, A v) {  // lax's max: NaN wins and st
   return (v > m || v != v) ? v : m;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Forward: max or avg over the in-bounds taps of each window, in window order.
-template <typename T, int V, bool kMax, typename I>
-__global__ void window_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items) {
-  using A = typename AccOf<T>::type;
-  using VT = Vec<T, V>;
-  const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
-  if (t >= items) return;
-  int cv, o[3];
-  i64 n;
-  split_item(t, g.CV, g.out[0], g.out[1], g.out[2], &cv, o, &n);
+// Walks an n0 x n1 x n2 box of positions in row-major order, keeping the element offset and
+// the tap index of the current position.
+struct Walk {
+  i64 off;
+  int k;
+  int b, c, n1, n2;
+  i64 s2, s1, s0;  // offset step along dimension 2, and the extra steps at a new row / plane
+  int k2, k1, k0;  // the same for the tap index
+  // Moves on; returns 0 within a row, 1 at a new row, 2 at a new plane.
+  __device__ __forceinline__ int next() {
+    off += s2;
+    k += k2;
+    if (++c < n2) return 0;
+    c = 0;
+    off += s1;
+    k += k1;
+    if (++b < n1) return 1;
+    b = 0;
+    off += s0;
+    k += k0;
+    return 2;
+  }
+};
+
+// The in-bounds taps of the window of output o (channel vector cv of image n), in window order:
+// *count of them; *pad_first / *pad_last: padding taps before the first / after the last;
+// *pad_row / *pad_plane: padding taps between the last tap of a row (plane) and the next.
+struct WindowTaps {
+  Walk w;
+  int count;
+  int n0;
+  bool pad_first, pad_last, pad_row, pad_plane;
+};
+
+__device__ __forceinline__ WindowTaps window_taps(const Geo& g, const int (&o)[3], i64 n, int cv,
+                                                  int V) {
   int start[3], k0[3], k1[3];
 #pragma unroll
   for (int d = 0; d < 3; ++d) {
     start[d] = o[d] * g.st[d] - g.pad[d];
     tap_range(start[d], g.dl[d], g.win[d], 0, g.in[d], &k0[d], &k1[d]);
   }
-  A acc[V];
-#pragma unroll
-  for (int e = 0; e < V; ++e) acc[e] = kMax ? neg_inf<A>() : A(0);
-  const T* xn = x + n * g.in_pix * g.C + static_cast<i64>(cv) * V;
-  const i64 step2 = static_cast<i64>(g.dl[2]) * g.C;
-  for (int a = k0[0]; a < k1[0]; ++a) {
-    const i64 i0 = start[0] + a * g.dl[0];
-    for (int b = k0[1]; b < k1[1]; ++b) {
-      const i64 i1 = start[1] + b * g.dl[1];
-      // Offsets stay integers until they are in bounds (start[2] may be negative).
-      const i64 row = ((i0 * g.in[1] + i1) * g.in[2] + start[2]) * g.C;
-      for (int c = k0[2]; c < k1[2]; c += 4) {
-        typename VT::R r[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (c + j < k1[2]) r[j] = VT::load(xn + (row + (c + j) * step2));
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (c + j < k1[2]) {
-            A v[V];
-            VT::unpack(r[j], v);
-#pragma unroll
-            for (int e = 0; e < V; ++e) acc[e] = kMax ? max_step(acc[e], v[e]) : acc[e] + v[e];
-          }
-        }
-      }
-    }
-  }
-  if (!kMax) {
-    // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
-    const A divisor = static_cast<A>(static_cast<i64>(divisor_factor(g, 0, o[0])) *
-                                     divisor_factor(g, 1, o[1]) * divisor_factor(g, 2, o[2]));
-#pragma unroll
-    for (int e = 0; e < V; ++e) acc[e] = acc[e] / divisor;
-  }
-  VT::store(y + static_cast<i64>(t) * V, acc);
+  WindowTaps t;
+  t.n0 = k1[0] - k0[0];
+  const int n1 = k1[1] - k0[1], n2 = k1[2] - k0[2];
+  t.count = t.n0 * n1 * n2;
+  t.pad_first = k0[0] > 0 || k0[1] > 0 || k0[2] > 0;
+  t.pad_last = k1[0] < g.win[0] || k1[1] < g.win[1] || k1[2] < g.win[2];
+  t.pad_row = n2 < g.win[2];
+  t.pad_plane = t.pad_row || n1 < g.win[1];
+  Walk& w = t.w;
+  w.b = w.c = 0;
+  w.n1 = n1;
+  w.n2 = n2;
+  const i64 C = g.C;
+  const i64 row = static_cast<i64>(g.in[2]) * C, plane = static_cast<i64>(g.in[1]) * row;
+  w.s2 = g.dl[2] * C;
+  const i64 r1 = g.dl[1] * row;
+  w.s1 = r1 - n2 * w.s2;
+  w.s0 = g.dl[0] * plane - n1 * r1;
+  w.k2 = 1;
+  w.k1 = g.win[2] - n2;
+  w.k0 = (g.win[1] - n1) * g.win[2];
+  // Offsets stay integers until they are in bounds (start may be negative).
+  const int i0 = start[0] + k0[0] * g.dl[0], i1 = start[1] + k0[1] * g.dl[1];
+  const int i2 = start[2] + k0[2] * g.dl[2];
+  w.off = n * g.in_pix * C + i0 * plane + i1 * row + i2 * C + static_cast<i64>(cv) * V;
+  w.k = (k0[0] * g.win[1] + k0[1]) * g.win[2] + k0[2];
+  return t;
 }
 
-// Forward for large windows: S threads per item (blockDim = S x kBlock/S with the S threads as
-// consecutive lanes when kLaneSplit, else kBlock/S x S with the items as consecutive lanes).
+// The windows covering input i (channel vector cv of image n): a walk over their dy offsets and
+// taps, in increasing tap order; c[d] per dimension.
+__device__ __forceinline__ Walk cover_walk(const Geo& g, const Cover (&c)[3], i64 n, int cv,
+                                           int V) {
+  Walk w;
+  w.b = w.c = 0;
+  w.n1 = c[1].n;
+  w.n2 = c[2].n;
+  const i64 C = g.C;
+  const i64 row = static_cast<i64>(g.out[2]) * C, plane = static_cast<i64>(g.out[1]) * row;
+  w.s2 = -g.costep[2] * C;
+  const i64 r1 = -g.costep[1] * row;
+  w.s1 = r1 - c[2].n * w.s2;
+  w.s0 = -g.costep[0] * plane - c[1].n * r1;
+  w.k2 = g.cstep[2];
+  const int kr = g.cstep[1] * g.win[2];
+  w.k1 = kr - c[2].n * g.cstep[2];
+  w.k0 = g.cstep[0] * g.win[1] * g.win[2] - c[1].n * kr;
+  w.off = n * g.out_pix * C + c[0].o * plane + c[1].o * row + c[2].o * C +
+          static_cast<i64>(cv) * V;
+  w.k = (c[0].k * g.win[1] + c[1].k) * g.win[2] + c[2].k;
+  return w;
+}
+
+// Loads per thread issued before their values are used.
+constexpr int kBatch = 8;
+
+// ---------------------------------------------------------------------------------------------
+// Max of 16-bit pairs in one 32-bit word (lax's max: NaN wins). By value the same as max_step
+// on the widened values (either zero may come out of a +0 / -0 tie, as the forward allows).
+template <typename T>
+__device__ __forceinline__ uint32_t max2(uint32_t a, uint32_t b) {
+#ifdef JAXDNN_POOL_EMULATION
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const unsigned short ha = static_cast<unsigned short>(a >> (16 * h));
+    const unsigned short hb = static_cast<unsigned short>(b >> (16 * h));
+    T ea, eb;
+    memcpy(&ea, &ha, 2);
+    memcpy(&eb, &hb, 2);
+    const float fa = to_acc(ea), fb = to_acc(eb);
+    r |= static_cast<uint32_t>(fb > fa || fb != fb ? hb : ha) << (16 * h);
+  }
+  return r;
+#else
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  T2 x, y;
+  memcpy(&x, &a, 4);
+  memcpy(&y, &b, 4);
+  const T2 m = __hmax2_nan(x, y);
+  uint32_t r;
+  memcpy(&r, &m, 4);
+  return r;
+#endif
+}
+
+// -inf in both halves of a word.
+template <typename T> constexpr uint32_t neg_inf2() {
+  return std::is_same_v<T, __half> ? 0xfc00fc00u : 0xff80ff80u;
+}
+
+template <typename T, int V>
+constexpr bool kPackedMax = sizeof(T) == 2 && V * sizeof(T) >= 4;
+
+// ---------------------------------------------------------------------------------------------
+// Forward: max or avg over the in-bounds taps of each window, in window order.
+template <typename T, int V, bool kMax, typename I>
+__global__ void window_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items) {
+  using A = typename AccOf<T>::type;
+  using VT = Vec<T, V>;
+  using R = typename VT::R;
+  const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
+  if (t >= items) return;
+  int cv, o[3];
+  i64 n;
+  split_item(t, g.fcv, g.fout[2], g.fout[1], g.fout[0], &cv, o, &n);
+  WindowTaps wt = window_taps(g, o, n, cv, V);
+  Walk& w = wt.w;
+  if constexpr (kMax && kPackedMax<T, V>) {
+    // 16-bit max: pairs of values in 32-bit words, no widening.
+    constexpr int kW = sizeof(R) / 4;
+    uint32_t acc[kW];
+#pragma unroll
+    for (int i = 0; i < kW; ++i) acc[i] = neg_inf2<T>();
+    for (int f = 0; f < wt.count; f += kBatch) {
+      R r[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < wt.count) {
+          r[j] = VT::load(x + w.off);
+          w.next();
+        }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < wt.count) {
+          uint32_t v[kW];
+          memcpy(v, &r[j], sizeof(R));
+#pragma unroll
+          for (int i = 0; i < kW; ++i) acc[i] = max2<T>(acc[i], v[i]);
+        }
+    }
+    R out;
+    memcpy(&out, acc, sizeof(R));
+    *reinterpret_cast<R*>(y + static_cast<i64>(t) * V) = out;
+  } else {
+    A acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = kMax ? neg_inf<A>() : A(0);
+    for (int f = 0; f < wt.count; f += kBatch) {
+      R r[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < wt.count) {
+          r[j] = VT::load(x + w.off);
+          w.next();
+        }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < wt.count) {
+          A v[V];
+          VT::unpack(r[j], v);
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[e] = kMax ? max_step(acc[e], v[e]) : acc[e] + v[e];
+        }
+    }
+    if (!kMax) {
+      // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
+      const A divisor = static_cast<A>(avg_divisor(g, o));
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = acc[e] / divisor;
+    }
+    VT::store(y + static_cast<i64>(t) * V, acc);
+  }
+}
+
+// Forward for large windows with few outputs: S threads per item (blockDim = S x kBlock/S with
+// the S threads as consecutive lanes when kLaneSplit, else kBlock/S x S with the items as
+// consecutive lanes). Thread s takes the s-th of S consecutive runs of the window's in-bounds
+// taps; the partials are combined in thread order.
 template <typename T, int V, bool kMax, bool kLaneSplit, typename I>
 __global__ void split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__ y, I items,
                                  int S) {
@@ -347,39 +561,35 @@ __global__ void split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__
   if (t < items) {
     int cv;
     i64 n;
-    split_item(t, g.CV, g.out[0], g.out[1], g.out[2], &cv, o, &n);
-    int start[3], k0[3], k1[3];
-#pragma unroll
-    for (int d = 0; d < 3; ++d) {
-      start[d] = o[d] * g.st[d] - g.pad[d];
-      tap_range(start[d], g.dl[d], g.win[d], 0, g.in[d], &k0[d], &k1[d]);
+    split_item(t, g.fcv, g.fout[2], g.fout[1], g.fout[0], &cv, o, &n);
+    WindowTaps wt = window_taps(g, o, n, cv, V);
+    Walk& w = wt.w;
+    const int run = (wt.count + S - 1) / S;
+    const int f0 = s * run, f1 = min(f0 + run, wt.count);
+    if (f0 < f1) {
+      // Moves the walk to tap f0 of the box.
+      const int c = f0 % w.n2, r = f0 / w.n2;
+      const int b = r % w.n1, a = r / w.n1;
+      w.c = c;
+      w.b = b;
+      w.off += a * (w.s0 + w.n1 * (w.s1 + w.n2 * w.s2)) + b * (w.s1 + w.n2 * w.s2) + c * w.s2;
     }
-    const int n1 = k1[1] - k0[1], n2 = k1[2] - k0[2];
-    const int count = (k1[0] - k0[0]) * n1 * n2;
-    const T* xn = x + n * g.in_pix * g.C + static_cast<i64>(cv) * V;
-    // Taps s, s + S, s + 2S, ... in that order, loads issued 4 at a time.
-    for (int f0 = s; f0 < count; f0 += 4 * S) {
-      typename VT::R raw[4];
+    for (int f = f0; f < f1; f += kBatch) {
+      typename VT::R raw[kBatch];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int f = f0 + j * S;
-        if (f < count) {
-          const int c = k0[2] + f % n2, r = f / n2;
-          const int b = k0[1] + r % n1, a = k0[0] + r / n1;
-          const i64 i0 = start[0] + a * g.dl[0], i1 = start[1] + b * g.dl[1];
-          const i64 i2 = start[2] + c * g.dl[2];
-          raw[j] = VT::load(xn + ((i0 * g.in[1] + i1) * g.in[2] + i2) * g.C);
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < f1) {
+          raw[j] = VT::load(x + w.off);
+          w.next();
         }
-      }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (f0 + j * S < count) {
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < f1) {
           A v[V];
           VT::unpack(raw[j], v);
 #pragma unroll
           for (int e = 0; e < V; ++e) acc[e] = kMax ? max_step(acc[e], v[e]) : acc[e] + v[e];
         }
-      }
     }
   }
   A* mine = partial + (static_cast<i64>(local) * S + s) * V;
@@ -395,12 +605,235 @@ __global__ void split_fwd_kernel(Geo g, const T* __restrict__ x, T* __restrict__
     }
   }
   if (!kMax) {
-    const A divisor = static_cast<A>(static_cast<i64>(divisor_factor(g, 0, o[0])) *
-                                     divisor_factor(g, 1, o[1]) * divisor_factor(g, 2, o[2]));
+    const A divisor = static_cast<A>(avg_divisor(g, o));
 #pragma unroll
     for (int e = 0; e < V; ++e) acc[e] = acc[e] / divisor;
   }
   VT::store(y + static_cast<i64>(t) * V, acc);
+}
+
+// One-channel images (channels-first layouts) with windows over the two innermost dimensions:
+// a block of kTileW x 8 threads handles a tile of kTileW x 8 * rows pixels of one image (outputs
+// for the forward and the arg-max selection, inputs for the backward) from the region of the
+// other side they need, staged once in shared memory (coalesced along rows); each thread then
+// reads its taps / covering windows from there in the CPU's order.
+constexpr int kTileW = 32;
+constexpr int kTileThreads = kTileW * 8;
+
+struct PlaneTile {
+  int rows;          // pixels per thread, down the tile
+  int ih, iw;        // forward / select: the input region of a tile; backward: its bound
+  FastDiv ftw, fth;  // tiles across and down an image
+  FastDiv fiw;       // iw
+};
+
+// The image and the first row / column of this block's tile.
+struct TileAt {
+  i64 n;
+  int h0, w0;
+};
+
+__device__ __forceinline__ TileAt tile_at(const PlaneTile& pt) {
+  const uint32_t q1 = pt.ftw.div(blockIdx.x), q2 = pt.fth.div(q1);
+  return {static_cast<i64>(q2), static_cast<int>(q1 - q2 * pt.fth.d) * 8 * pt.rows,
+          static_cast<int>(blockIdx.x - q1 * pt.ftw.d) * kTileW};
+}
+
+// Stages the ih x iw input region at (r0, c0) of image xn as accumulator values (positions
+// outside the image hold 0 and are never read).
+template <typename T, typename A>
+__device__ __forceinline__ void stage_input(const Geo& g, const PlaneTile& pt, const T* xn,
+                                            int r0, int c0, A* tile) {
+  const int total = pt.ih * pt.iw;
+#ifdef JAXDNN_POOL_EMULATION
+  // The host emulation runs a block's threads one after another: each stages the whole tile.
+  for (int tid = 0; tid < kTileThreads; ++tid)
+#else
+  const int tid = threadIdx.y * kTileW + threadIdx.x;
+#endif
+  for (int base = tid; base < total; base += kBatch * kTileThreads) {
+    T v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int idx = base + j * kTileThreads;
+      const int r = static_cast<int>(pt.fiw.div(idx)), c = idx - r * pt.iw;
+      const int ir = r0 + r, ic = c0 + c;
+      if (idx < total && ir >= 0 && ir < g.in[1] && ic >= 0 && ic < g.in[2])
+        v[j] = xn[static_cast<i64>(ir) * g.in[2] + ic];
+      else v[j] = from_acc<T>(A(0));
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (base + j * kTileThreads < total) tile[base + j * kTileThreads] = to_acc(v[j]);
+  }
+}
+
+// Forward: max / avg over the in-bounds taps of each output in window order.
+template <typename T, bool kMax>
+__global__ void plane_fwd_kernel(Geo g, PlaneTile pt, const T* __restrict__ x,
+                                 T* __restrict__ y) {
+  using A = typename AccOf<T>::type;
+  extern __shared__ unsigned char smem[];
+  A* tile = reinterpret_cast<A*>(smem);
+  const TileAt at = tile_at(pt);
+  stage_input(g, pt, x + at.n * g.in_pix, at.h0 * g.st[1] - g.pad[1],
+              at.w0 * g.st[2] - g.pad[2], tile);
+  __syncthreads();
+  const int ow = at.w0 + threadIdx.x;
+  if (ow >= g.out[2]) return;
+  int kc0, kc1;
+  tap_range(ow * g.st[2] - g.pad[2], g.dl[2], g.win[2], 0, g.in[2], &kc0, &kc1);
+  const int col = threadIdx.x * g.st[2];
+  const int fc = g.uniform_div ? 1 : divisor_factor(g, 2, ow);
+  for (int r = 0; r < pt.rows; ++r) {
+    const int ty = threadIdx.y + 8 * r, oh = at.h0 + ty;
+    if (oh >= g.out[1]) break;
+    int kb0, kb1;
+    tap_range(oh * g.st[1] - g.pad[1], g.dl[1], g.win[1], 0, g.in[1], &kb0, &kb1);
+    A acc = kMax ? neg_inf<A>() : A(0);
+    for (int kb = kb0; kb < kb1; ++kb) {
+      const A* row = tile + (ty * g.st[1] + kb * g.dl[1]) * pt.iw + col;
+      for (int kc = kc0; kc < kc1; ++kc) {
+        const A v = row[kc * g.dl[2]];
+        acc = kMax ? max_step(acc, v) : acc + v;
+      }
+    }
+    if (!kMax) {
+      // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
+      const int div = g.uniform_div ? g.uniform_div
+                                    : divisor_factor(g, 0, 0) * divisor_factor(g, 1, oh) * fc;
+      acc = acc / static_cast<A>(div);
+    }
+    y[at.n * g.out_pix + static_cast<i64>(oh) * g.out[2] + ow] = from_acc<T>(acc);
+  }
+}
+
+// Arg-max selection (select_kernel's rule over every tap, padding included, in window order):
+// kGather writes the tangent at the arg-max (copied; 0 for padding), else the arg-max tap.
+template <typename T, bool kGather, typename G>
+__global__ void plane_select_kernel(Geo g, PlaneTile pt, const T* __restrict__ x,
+                                    const T* __restrict__ tangent, T* __restrict__ y,
+                                    G* __restrict__ arg) {
+  using A = typename AccOf<T>::type;
+  extern __shared__ unsigned char smem[];
+  A* tile = reinterpret_cast<A*>(smem);
+  const TileAt at = tile_at(pt);
+  stage_input(g, pt, x + at.n * g.in_pix, at.h0 * g.st[1] - g.pad[1],
+              at.w0 * g.st[2] - g.pad[2], tile);
+  __syncthreads();
+  const int ow = at.w0 + threadIdx.x;
+  if (ow >= g.out[2]) return;
+  int kc0, kc1;
+  tap_range(ow * g.st[2] - g.pad[2], g.dl[2], g.win[2], 0, g.in[2], &kc0, &kc1);
+  const int col = threadIdx.x * g.st[2];
+  for (int r = 0; r < pt.rows; ++r) {
+    const int ty = threadIdx.y + 8 * r, oh = at.h0 + ty;
+    if (oh >= g.out[1]) break;
+    int kb0, kb1;
+    tap_range(oh * g.st[1] - g.pad[1], g.dl[1], g.win[1], 0, g.in[1], &kb0, &kb1);
+    A sel = quiet_nan<A>();  // NaN: the first tap replaces it, whatever its value
+    int sb = -1, sc = 0;     // the selected tap (sb < 0: padding or none)
+    // A padding tap (-inf, no tap) replaces only a NaN selection.
+    auto padding = [&]() {
+      const bool take = sel != sel;
+      sel = take ? neg_inf<A>() : sel;
+      sb = take ? -1 : sb;
+    };
+    for (int kb = 0; kb < g.win[1]; ++kb) {
+      if (kb < kb0 || kb >= kb1 || kc0 >= kc1) {  // a row of padding
+        padding();
+        continue;
+      }
+      if (kc0 > 0) padding();
+      const A* row = tile + (ty * g.st[1] + kb * g.dl[1]) * pt.iw + col;
+      for (int kc = kc0; kc < kc1; ++kc) {
+        const A v = row[kc * g.dl[2]];
+        const bool take = !(sel >= v);
+        sel = take ? v : sel;
+        sb = take ? kb : sb;
+        sc = take ? kc : sc;
+      }
+      if (kc1 < g.win[2]) padding();
+    }
+    const i64 yo = at.n * g.out_pix + static_cast<i64>(oh) * g.out[2] + ow;
+    if (kGather) {
+      T picked = from_acc<T>(A(0));
+      if (sb >= 0)
+        picked = tangent[at.n * g.in_pix +
+                         static_cast<i64>(oh * g.st[1] - g.pad[1] + sb * g.dl[1]) * g.in[2] +
+                         (ow * g.st[2] - g.pad[2] + sc * g.dl[2])];
+      y[yo] = picked;
+    } else {
+      arg[yo] = static_cast<G>(sb >= 0 ? sb * g.win[2] + sc : no_tap<G>());
+    }
+  }
+}
+
+// Backward, a tile of inputs: the avg backward (!kMax) or the scatter's second pass (kMax) from
+// the dy (and arg-max) region of the outputs covering the tile, in the CPU's order.
+template <typename T, bool kMax, typename G>
+__global__ void plane_bwd_kernel(Geo g, PlaneTile pt, const T* __restrict__ dy,
+                                 const G* __restrict__ arg, T* __restrict__ dx) {
+  using A = typename AccOf<T>::type;
+  extern __shared__ unsigned char smem[];
+  A* dyt = reinterpret_cast<A*>(smem);
+  G* argt = reinterpret_cast<G*>(smem + sizeof(A) * pt.ih * pt.iw);
+  const TileAt at = tile_at(pt);
+  // The outputs covering inputs [h0, h1) x [w0, w1): [olo, ohi] along each dimension.
+  int olo[2], cnt[2];
+#pragma unroll
+  for (int d = 0; d < 2; ++d) {
+    const int dim = d + 1;
+    const int i0 = d == 0 ? at.h0 : at.w0;
+    const int i1 = min(i0 + (d == 0 ? 8 * pt.rows : kTileW), g.in[dim]);
+    const int lo = i0 + g.pad[dim] - (g.win[dim] - 1) * g.dl[dim];
+    olo[d] = lo <= 0 ? 0 : static_cast<int>(g.fst[dim].div(lo + g.st[dim] - 1));
+    const int hi = i1 - 1 + g.pad[dim];
+    const int ohi = hi < 0 ? -1 : min(static_cast<int>(g.fst[dim].div(hi)), g.out[dim] - 1);
+    cnt[d] = max(ohi - olo[d] + 1, 0);
+  }
+  const i64 ybase = at.n * g.out_pix;
+#ifdef JAXDNN_POOL_EMULATION
+  // The host emulation runs a block's threads one after another: each stages the whole region.
+  for (int ty0 = 0; ty0 < 8; ++ty0)
+    for (int tx0 = 0; tx0 < kTileW; ++tx0)
+#else
+  const int ty0 = threadIdx.y, tx0 = threadIdx.x;
+#endif
+  for (int r = ty0; r < cnt[0]; r += 8)
+    for (int c = tx0; c < cnt[1]; c += kTileW) {
+      const i64 yo = ybase + static_cast<i64>(olo[0] + r) * g.out[2] + olo[1] + c;
+      dyt[r * pt.iw + c] = to_acc(dy[yo]);
+      if (kMax) argt[r * pt.iw + c] = arg[yo];
+    }
+  __syncthreads();
+  const int iw = at.w0 + threadIdx.x;
+  if (iw >= g.in[2]) return;
+  const Cover c2 = cover(g, 2, iw);
+  for (int r = 0; r < pt.rows; ++r) {
+    const int ih = at.h0 + threadIdx.y + 8 * r;
+    if (ih >= g.in[1]) break;
+    const Cover c1 = cover(g, 1, ih);
+    const bool single = c1.n * c2.n == 1;
+    A acc = A(0);
+    for (int a = 0; a < c1.n; ++a) {
+      const int ob = c1.o - a * g.costep[1], kb = c1.k + a * g.cstep[1];
+      const int fb = kMax || g.uniform_div ? 1 : divisor_factor(g, 0, 0) * divisor_factor(g, 1, ob);
+      for (int c = 0; c < c2.n; ++c) {
+        const int oc = c2.o - c * g.costep[2], kc = c2.k + c * g.cstep[2];
+        const int idx = (ob - olo[0]) * pt.iw + (oc - olo[1]);
+        const A d = dyt[idx];
+        if (kMax) {
+          acc = static_cast<int>(argt[idx]) == kb * g.win[2] + kc ? acc + d : acc;
+        } else {
+          const int div = g.uniform_div ? g.uniform_div : fb * divisor_factor(g, 2, oc);
+          const A inv = A(1) / static_cast<A>(div);
+          acc = single ? d * inv : fma_acc(d, inv, acc);
+        }
+      }
+    }
+    dx[at.n * g.in_pix + static_cast<i64>(ih) * g.in[2] + iw] = from_acc<T>(acc);
+  }
 }
 
 // Arg-max selection over every tap of each window in window order. kGather: writes the tangent
@@ -411,17 +844,14 @@ __global__ void select_kernel(Geo g, const T* __restrict__ x, const T* __restric
                               T* __restrict__ y, G* __restrict__ arg, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
+  constexpr int kB = kGather ? kBatch / 2 : kBatch;  // two loads per tap when gathering
   const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
   if (t >= items) return;
   int cv, o[3];
   i64 n;
-  split_item(t, g.CV, g.out[0], g.out[1], g.out[2], &cv, o, &n);
-  int start[3], k0[3], k1[3];
-#pragma unroll
-  for (int d = 0; d < 3; ++d) {
-    start[d] = o[d] * g.st[d] - g.pad[d];
-    tap_range(start[d], g.dl[d], g.win[d], 0, g.in[d], &k0[d], &k1[d]);
-  }
+  split_item(t, g.fcv, g.fout[2], g.fout[1], g.fout[0], &cv, o, &n);
+  WindowTaps wt = window_taps(g, o, n, cv, V);
+  Walk& w = wt.w;
   A sel[V];    // the selected value; NaN: the first tap replaces it, whatever its value
   A picked[V]; // kGather: the tangent at the selection
   int tap[V];  // else: the selected tap
@@ -442,48 +872,38 @@ __global__ void select_kernel(Geo g, const T* __restrict__ x, const T* __restric
       else tap[e] = take ? no_tap<G>() : tap[e];
     }
   };
-  const i64 base = n * g.in_pix * g.C + static_cast<i64>(cv) * V;
-  const i64 step2 = static_cast<i64>(g.dl[2]) * g.C;
-  for (int a = 0; a < g.win[0]; ++a) {
-    const bool in_a = a >= k0[0] && a < k1[0];
-    const i64 i0 = start[0] + a * g.dl[0];
-    for (int b = 0; b < g.win[1]; ++b) {
-      if (!in_a || b < k0[1] || b >= k1[1] || k0[2] >= k1[2]) {  // a row of padding
-        padding();
-        continue;
+  bool pad = wt.pad_first || wt.count == 0;  // padding before the next in-bounds tap
+  for (int f = 0; f < wt.count; f += kB) {
+    typename VT::R rx[kB], rt[kB];
+    bool pb[kB];
+    int kt[kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (f + j < wt.count) {
+        rx[j] = VT::load(x + w.off);
+        if (kGather) rt[j] = VT::load(tangent + w.off);
+        pb[j] = pad;
+        kt[j] = w.k;
+        const int moved = w.next();
+        pad = (moved == 1 && wt.pad_row) || (moved == 2 && wt.pad_plane);
       }
-      const i64 i1 = start[1] + b * g.dl[1];
-      const i64 row = base + ((i0 * g.in[1] + i1) * g.in[2] + start[2]) * g.C;
-      const int tap_row = (a * g.win[1] + b) * g.win[2];
-      if (k0[2] > 0) padding();
-      for (int c = k0[2]; c < k1[2]; c += 2) {
-        const bool two = c + 1 < k1[2];
-        typename VT::R rx[2], rt[2];
-        rx[0] = VT::load(x + (row + c * step2));
-        if (two) rx[1] = VT::load(x + (row + (c + 1) * step2));
-        if (kGather) {
-          rt[0] = VT::load(tangent + (row + c * step2));
-          if (two) rt[1] = VT::load(tangent + (row + (c + 1) * step2));
-        }
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          if (j == 1 && !two) break;
-          A v[V], tv[V];
-          VT::unpack(rx[j], v);
-          if (kGather) VT::unpack(rt[j], tv);
-          const int k = tap_row + c + j;
+    for (int j = 0; j < kB; ++j)
+      if (f + j < wt.count) {
+        if (pb[j]) padding();
+        A v[V], tv[V];
+        VT::unpack(rx[j], v);
+        if (kGather) VT::unpack(rt[j], tv);
 #pragma unroll
-          for (int e = 0; e < V; ++e) {
-            const bool take = !(sel[e] >= v[e]);
-            sel[e] = take ? v[e] : sel[e];
-            if (kGather) picked[e] = take ? tv[e] : picked[e];
-            else tap[e] = take ? k : tap[e];
-          }
+        for (int e = 0; e < V; ++e) {
+          const bool take = !(sel[e] >= v[e]);
+          sel[e] = take ? v[e] : sel[e];
+          if (kGather) picked[e] = take ? tv[e] : picked[e];
+          else tap[e] = take ? kt[j] : tap[e];
         }
       }
-      if (k1[2] < g.win[2]) padding();
-    }
   }
+  if (wt.count == 0 ? pad : wt.pad_last) padding();
   if (kGather) VT::store(y + static_cast<i64>(t) * V, picked);
   else ArgVec<G, V>::store(arg + static_cast<i64>(t) * V, tap);
 }
@@ -495,38 +915,39 @@ __global__ void scatter_kernel(Geo g, const T* __restrict__ dy, const G* __restr
                                T* __restrict__ dx, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
+  using AV = ArgVec<G, V>;
   const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
   if (t >= items) return;
   int cv, i[3];
   i64 n;
-  split_item(t, g.CV, g.in[0], g.in[1], g.in[2], &cv, i, &n);
-  const Cover c0 = cover(g, 0, i[0]), c1 = cover(g, 1, i[1]), c2 = cover(g, 2, i[2]);
+  split_item(t, g.fcv, g.fin[2], g.fin[1], g.fin[0], &cv, i, &n);
+  const Cover c[3] = {cover(g, 0, i[0]), cover(g, 1, i[1]), cover(g, 2, i[2])};
+  const int count = c[0].n * c[1].n * c[2].n;
+  Walk w = cover_walk(g, c, n, cv, V);
   A acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = A(0);
-  const i64 base = n * g.out_pix * g.C + static_cast<i64>(cv) * V;
-  for (int a = 0; a < c0.n; ++a) {
-    const int ka = c0.k + a * g.cstep[0], oa = c0.o - a * g.costep[0];
-    for (int b = 0; b < c1.n; ++b) {
-      const int kb = c1.k + b * g.cstep[1], ob = c1.o - b * g.costep[1];
-      const int tap_ab = (ka * g.win[1] + kb) * g.win[2];
-      const i64 row = static_cast<i64>(oa) * g.out[1] + ob;
-      for (int c = 0; c < c2.n; ++c) {
-        const int kc = c2.k + c * g.cstep[2], oc = c2.o - c * g.costep[2];
-        const i64 off = base + (row * g.out[2] + oc) * g.C;
-        const int k = tap_ab + kc;
-        int sel[V];
-        ArgVec<G, V>::load(arg + off, sel);
-        bool any = false;
+  constexpr int kB = kBatch / 2;
+  for (int f = 0; f < count; f += kB) {
+    uint32_t sel[kB][AV::kAllWords];
+    int kt[kB];
+    typename VT::R rd[kB];
 #pragma unroll
-        for (int e = 0; e < V; ++e) any |= sel[e] == k;
-        if (!any) continue;
-        A d[V];
-        VT::unpack(VT::load(dy + off), d);
-#pragma unroll
-        for (int e = 0; e < V; ++e) acc[e] = sel[e] == k ? acc[e] + d[e] : acc[e];
+    for (int j = 0; j < kB; ++j)
+      if (f + j < count) {
+        AV::load_words(arg + w.off, sel[j]);
+        rd[j] = VT::load(dy + w.off);
+        kt[j] = w.k;
+        w.next();
       }
-    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (f + j < count) {
+        A d[V];
+        VT::unpack(rd[j], d);
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = AV::tap(sel[j], e) == kt[j] ? acc[e] + d[e] : acc[e];
+      }
   }
   VT::store(dx + static_cast<i64>(t) * V, acc);
 }
@@ -540,31 +961,132 @@ __global__ void avg_bwd_kernel(Geo g, const T* __restrict__ dy, T* __restrict__ 
   if (t >= items) return;
   int cv, i[3];
   i64 n;
-  split_item(t, g.CV, g.in[0], g.in[1], g.in[2], &cv, i, &n);
-  const Cover c0 = cover(g, 0, i[0]), c1 = cover(g, 1, i[1]), c2 = cover(g, 2, i[2]);
-  const bool single = c0.n == 1 && c1.n == 1 && c2.n == 1;
+  split_item(t, g.fcv, g.fin[2], g.fin[1], g.fin[0], &cv, i, &n);
+  const Cover c[3] = {cover(g, 0, i[0]), cover(g, 1, i[1]), cover(g, 2, i[2])};
+  const int count = c[0].n * c[1].n * c[2].n;
+  const bool single = count == 1;
+  Walk w = cover_walk(g, c, n, cv, V);
   A acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = A(0);
-  const i64 base = n * g.out_pix * g.C + static_cast<i64>(cv) * V;
-  for (int a = 0; a < c0.n; ++a) {
-    const int oa = c0.o - a * g.costep[0];
-    const i64 fa = divisor_factor(g, 0, oa);
-    for (int b = 0; b < c1.n; ++b) {
-      const int ob = c1.o - b * g.costep[1];
-      const i64 fab = fa * divisor_factor(g, 1, ob);
-      const i64 row = static_cast<i64>(oa) * g.out[1] + ob;
-      for (int c = 0; c < c2.n; ++c) {
-        const int oc = c2.o - c * g.costep[2];
-        const A inv = A(1) / static_cast<A>(fab * divisor_factor(g, 2, oc));
+  if (g.uniform_div) {
+    const A inv = A(1) / static_cast<A>(g.uniform_div);
+    for (int f = 0; f < count; f += kBatch) {
+      typename VT::R rd[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < count) {
+          rd[j] = VT::load(dy + w.off);
+          w.next();
+        }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (f + j < count) {
+          A d[V];
+          VT::unpack(rd[j], d);
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[e] = single ? d[e] * inv : fma_acc(d[e], inv, acc[e]);
+        }
+    }
+    VT::store(dx + static_cast<i64>(t) * V, acc);
+    return;
+  }
+  // The current window's outputs along each dimension and the divisor factor of the first two.
+  int oa = c[0].o, ob = c[1].o, oc = c[2].o;
+  int fab = divisor_factor(g, 0, oa) * divisor_factor(g, 1, ob);
+  for (int f = 0; f < count; f += kBatch) {
+    typename VT::R rd[kBatch];
+    int div[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (f + j < count) {
+        rd[j] = VT::load(dy + w.off);
+        div[j] = fab * divisor_factor(g, 2, oc);
+        const int moved = w.next();
+        oc -= g.costep[2];
+        if (moved != 0) {
+          oc = c[2].o;
+          ob -= g.costep[1];
+          if (moved == 2) {
+            ob = c[1].o;
+            oa -= g.costep[0];
+          }
+          fab = divisor_factor(g, 0, oa) * divisor_factor(g, 1, ob);
+        }
+      }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (f + j < count) {
+        const A inv = A(1) / static_cast<A>(div[j]);
         A d[V];
-        VT::unpack(VT::load(dy + base + (row * g.out[2] + oc) * g.C), d);
+        VT::unpack(rd[j], d);
 #pragma unroll
         for (int e = 0; e < V; ++e) acc[e] = single ? d[e] * inv : fma_acc(d[e], inv, acc[e]);
       }
-    }
   }
   VT::store(dx + static_cast<i64>(t) * V, acc);
+}
+
+// Backward when windows do not overlap (every input lies in at most one window: stride >=
+// the dilated window in every dimension): the scatter's second pass (kMax) or the avg backward,
+// straight-line for kItems inputs per thread (items t, t + kBlock, ...) so that all their loads
+// are in flight together.
+constexpr int kItems = 4;
+
+template <typename T, int V, bool kMax, typename G, typename I>
+__global__ void disjoint_bwd_kernel(Geo g, const T* __restrict__ dy, const G* __restrict__ arg,
+                                    T* __restrict__ dx, I items) {
+  using A = typename AccOf<T>::type;
+  using VT = Vec<T, V>;
+  using AV = ArgVec<G, V>;
+  const I t0 = static_cast<I>(blockIdx.x) * (kBlock * kItems) + threadIdx.x;
+  typename VT::R rd[kItems];
+  uint32_t sel[kItems][AV::kAllWords];
+  int k[kItems], div[kItems];
+  bool covered[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const I t = t0 + static_cast<I>(j) * kBlock;
+    covered[j] = false;
+    if (t >= items) continue;
+    int cv, i[3];
+    i64 n;
+    split_item(t, g.fcv, g.fin[2], g.fin[1], g.fin[0], &cv, i, &n);
+    const Cover c[3] = {cover(g, 0, i[0]), cover(g, 1, i[1]), cover(g, 2, i[2])};
+    covered[j] = c[0].n > 0 && c[1].n > 0 && c[2].n > 0;
+    if (!covered[j]) continue;
+    const i64 off = ((n * g.out[0] + c[0].o) * g.out[1] + c[1].o) * static_cast<i64>(g.out[2]) *
+                        g.C + static_cast<i64>(c[2].o) * g.C + static_cast<i64>(cv) * V;
+    rd[j] = VT::load(dy + off);
+    if (kMax) {
+      AV::load_words(arg + off, sel[j]);
+      k[j] = (c[0].k * g.win[1] + c[1].k) * g.win[2] + c[2].k;
+    } else {
+      const int o[3] = {c[0].o, c[1].o, c[2].o};
+      div[j] = avg_divisor(g, o);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const I t = t0 + static_cast<I>(j) * kBlock;
+    if (t >= items) continue;
+    A acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = A(0);
+    if (covered[j]) {
+      A d[V];
+      VT::unpack(rd[j], d);
+      if (kMax) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = AV::tap(sel[j], e) == k[j] ? acc[e] + d[e] : acc[e];
+      } else {
+        const A inv = A(1) / static_cast<A>(div[j]);
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = d[e] * inv;
+      }
+    }
+    VT::store(dx + static_cast<i64>(t) * V, acc);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -601,7 +1123,20 @@ Geo make_geo(const PoolProblem& p, int V) {
     const int div = gcd(g.st[d], g.dl[d]);
     g.cstep[d] = g.st[d] / div;
     g.costep[d] = g.dl[d] / div;
+    g.fin[d] = FastDiv(p.in[d]);
+    g.fout[d] = FastDiv(p.out[d]);
+    g.fst[d] = FastDiv(p.stride[d]);
   }
+  g.fcv = FastDiv(g.CV);
+  // Every window counts all its taps when the first and last windows of each dimension lie in
+  // the counting region.
+  bool uniform = true;
+  for (int d = 0; d < 3; ++d) {
+    const i64 first = -p.pad_lo[d];
+    const i64 last = (p.out[d] - 1) * p.stride[d] - p.pad_lo[d] + (p.window[d] - 1) * p.dilation[d];
+    uniform = uniform && first >= -p.count_lo[d] && last < p.in[d] + p.count_hi[d];
+  }
+  g.uniform_div = uniform ? static_cast<int>(p.window_elems()) : 0;
   g.win_elems = static_cast<int>(p.window_elems());
   g.in_pix = p.in[0] * p.in[1] * p.in[2];
   g.out_pix = p.out[0] * p.out[1] * p.out[2];
@@ -633,23 +1168,27 @@ struct Launcher {
   std::string forward(bool is_max, const T* x, T* y) const {
     const i64 items = p.y_elems() / V;
     if (items == 0) return "";
-    // Large windows with few outputs: share each item among S threads.
+    // Large windows with few outputs: share each item among S threads, enough of them that
+    // each takes about one batch of loads (while the threads stay within a few waves).
     const i64 taps = p.window_elems();
     const bool one_channel = V == 1 && p.C == 1;
     int S = 1;
     if (split_override() == 1) {
-      if (taps >= 2) {
-        S = one_channel ? (taps >= 32 ? 32 : 16) : 2;
-        while (!one_channel && S < 32 && 2 * S <= taps) S *= 2;
-      }
-    } else if (split_override() == -1 && taps >= 16) {
-      if (one_channel) {
-        if (items < kFillThreads) S = taps >= 32 ? 32 : 16;
-      } else {
-        while (S < 32 && 4 * S <= taps && items * S < kFillThreads) S *= 2;
-      }
+      while (S < 32 && 2 * S <= taps) S *= 2;
+    } else if (split_override() == -1 && taps >= 16 && items < kFillThreads) {
+      while (S < 32 && (taps + S - 1) / S > kBatch && items * S < 2 * kFillThreads) S *= 2;
     }
     const bool lanes = one_channel && S > 1;
+    PlaneTile pt;
+    if (S == 1 && plane_tile(false, 0, &pt)) {
+      using A = typename AccOf<T>::type;
+      const size_t smem = sizeof(A) * pt.ih * pt.iw;
+      const dim3 block(kTileW, 8);
+      if (is_max) plane_fwd_kernel<T, true><<<plane_blocks(pt), block, smem, stream>>>(g, pt, x,
+                                                                                       y);
+      else plane_fwd_kernel<T, false><<<plane_blocks(pt), block, smem, stream>>>(g, pt, x, y);
+      return launched(is_max ? "max pool forward (tiles)" : "avg pool forward (tiles)");
+    }
     if (S == 1) {
       if (is_max) window_fwd_kernel<T, V, true, I><<<blocks_for(items, kBlock), kBlock, 0,
                                                       stream>>>(g, x, y, static_cast<I>(items));
@@ -672,9 +1211,60 @@ struct Launcher {
     return launched(is_max ? "max pool forward (split)" : "avg pool forward (split)");
   }
 
+  // The tiles of the plane kernels: one-channel images, a window over the two innermost
+  // dimensions only, at least 8 x 16 pixels on the tiled side (outputs, or inputs when
+  // `backward`) and the staged region within 32 KB (arg-max entries of `arg_bytes` each too).
+  bool plane_tile(bool backward, size_t arg_bytes, PlaneTile* pt) const {
+    if (V != 1 || p.C != 1) return false;
+    if (p.in[0] != 1 || p.out[0] != 1 || p.window[0] != 1 || p.pad_lo[0] != 0) return false;
+    const i64 h = backward ? p.in[1] : p.out[1], w = backward ? p.in[2] : p.out[2];
+    if (h < 8 || w < 16) return false;
+    using A = typename AccOf<T>::type;
+    for (int rows = 4; rows >= 1; rows /= 2) {
+      const i64 th = 8 * rows;
+      const i64 down = (h + th - 1) / th, across = (w + kTileW - 1) / kTileW;
+      if (rows > 1 && 4 * down * th > 5 * h) continue;  // over a fifth of the rows idle
+      const i64 span1 = (p.window[1] - 1) * p.dilation[1], span2 = (p.window[2] - 1) * p.dilation[2];
+      // Forward: the input region of th x kTileW outputs. Backward: a bound on the outputs
+      // covering th x kTileW inputs.
+      const i64 ih = backward ? (th - 1 + span1) / p.stride[1] + 2 : (th - 1) * p.stride[1] + span1 + 1;
+      const i64 iw = backward ? (kTileW - 1 + span2) / p.stride[2] + 2
+                              : (kTileW - 1) * p.stride[2] + span2 + 1;
+      if (ih * iw * static_cast<i64>(sizeof(A) + arg_bytes) > (32 << 10)) continue;
+      if (p.N * across * down > std::numeric_limits<int32_t>::max()) return false;
+      pt->rows = rows;
+      pt->ih = static_cast<int>(ih);
+      pt->iw = static_cast<int>(iw);
+      pt->ftw = FastDiv(across);
+      pt->fth = FastDiv(down);
+      pt->fiw = FastDiv(iw);
+      return true;
+    }
+    return false;
+  }
+
+  unsigned plane_blocks(const PlaneTile& pt) const {
+    return static_cast<unsigned>(p.N * static_cast<i64>(pt.ftw.d) * pt.fth.d);
+  }
+
+  // Every input lies in at most one window.
+  bool disjoint() const {
+    for (int d = 0; d < 3; ++d)
+      if ((p.window[d] - 1) * p.dilation[d] + 1 > p.stride[d] && p.out[d] > 1) return false;
+    return true;
+  }
+
   std::string gather(const T* x, const T* tangent, T* y) const {
     const i64 items = p.y_elems() / V;
     if (items == 0) return "";
+    using A = typename AccOf<T>::type;
+    PlaneTile pt;
+    if (plane_tile(false, 0, &pt)) {
+      plane_select_kernel<T, true, uint8_t><<<plane_blocks(pt), dim3(kTileW, 8),
+                                              sizeof(A) * pt.ih * pt.iw, stream>>>(
+          g, pt, x, tangent, y, nullptr);
+      return launched("max pool gather (tiles)");
+    }
     select_kernel<T, V, true, uint8_t, I><<<blocks_for(items, kBlock), kBlock, 0, stream>>>(
         g, x, tangent, y, nullptr, static_cast<I>(items));
     return launched("max pool gather");
@@ -682,14 +1272,32 @@ struct Launcher {
 
   template <typename G>
   std::string scatter(const T* x, const T* dy, T* dx, G* arg) const {
+    using A = typename AccOf<T>::type;
     const i64 out_items = p.y_elems() / V;
-    if (out_items > 0) {
+    PlaneTile pt;
+    if (out_items > 0 && plane_tile(false, 0, &pt)) {
+      plane_select_kernel<T, false, G><<<plane_blocks(pt), dim3(kTileW, 8),
+                                         sizeof(A) * pt.ih * pt.iw, stream>>>(
+          g, pt, x, nullptr, nullptr, arg);
+      if (std::string err = launched("max pool arg-max (tiles)"); !err.empty()) return err;
+    } else if (out_items > 0) {
       select_kernel<T, V, false, G, I><<<blocks_for(out_items, kBlock), kBlock, 0, stream>>>(
           g, x, nullptr, nullptr, arg, static_cast<I>(out_items));
       if (std::string err = launched("max pool arg-max"); !err.empty()) return err;
     }
     const i64 in_items = p.x_elems() / V;
     if (in_items == 0) return "";
+    if (plane_tile(true, sizeof(G), &pt)) {
+      plane_bwd_kernel<T, true, G><<<plane_blocks(pt), dim3(kTileW, 8),
+                                     (sizeof(A) + sizeof(G)) * pt.ih * pt.iw, stream>>>(
+          g, pt, dy, arg, dx);
+      return launched("max pool scatter (tiles)");
+    }
+    if (disjoint()) {
+      disjoint_bwd_kernel<T, V, true, G, I><<<blocks_for(in_items, kBlock * kItems), kBlock, 0,
+                                              stream>>>(g, dy, arg, dx, static_cast<I>(in_items));
+      return launched("max pool scatter (disjoint windows)");
+    }
     scatter_kernel<T, V, G, I><<<blocks_for(in_items, kBlock), kBlock, 0, stream>>>(
         g, dy, arg, dx, static_cast<I>(in_items));
     return launched("max pool scatter");
@@ -698,6 +1306,20 @@ struct Launcher {
   std::string avg_backward(const T* dy, T* dx) const {
     const i64 items = p.x_elems() / V;
     if (items == 0) return "";
+    using A = typename AccOf<T>::type;
+    PlaneTile pt;
+    if (plane_tile(true, 0, &pt)) {
+      plane_bwd_kernel<T, false, uint8_t><<<plane_blocks(pt), dim3(kTileW, 8),
+                                            sizeof(A) * pt.ih * pt.iw, stream>>>(
+          g, pt, dy, nullptr, dx);
+      return launched("avg pool backward (tiles)");
+    }
+    if (disjoint()) {
+      disjoint_bwd_kernel<T, V, false, uint8_t, I><<<blocks_for(items, kBlock * kItems), kBlock,
+                                                     0, stream>>>(g, dy, nullptr, dx,
+                                                                  static_cast<I>(items));
+      return launched("avg pool backward (disjoint windows)");
+    }
     avg_bwd_kernel<T, V, I><<<blocks_for(items, kBlock), kBlock, 0, stream>>>(
         g, dy, dx, static_cast<I>(items));
     return launched("avg pool backward");
@@ -726,9 +1348,10 @@ template <typename T, int V>
 std::string run_width(PoolOp op, const PoolProblem& p, const void* a, const void* b, void* out,
                       void* workspace, cudaStream_t stream) {
   const Geo g = make_geo(p, V);
-  // Items of either index space (plus a block of slack) decide the index type.
+  // Items of either index space (plus a block of slack) decide the index type: 32-bit items
+  // below 2^31 (FastDiv's range).
   const i64 items = (p.x_elems() > p.y_elems() ? p.x_elems() : p.y_elems()) / V + kBlock;
-  if (items <= static_cast<i64>(std::numeric_limits<uint32_t>::max()))
+  if (items <= static_cast<i64>(std::numeric_limits<int32_t>::max()))
     return Launcher<T, V, uint32_t>{p, g, stream}.run(op, a, b, out, workspace);
   return Launcher<T, V, uint64_t>{p, g, stream}.run(op, a, b, out, workspace);
 }

@@ -191,6 +191,26 @@ std::vector<Spec> specs() {
   add({"c1-5x5s1-same", 2, 3, 1, {9, 11}, {5, 5}, {1, 1}, {}, {2, 2}, {2, 2}, false});
   add({"empty-in-padded", 1, 2, 8, {0}, {1}, {1}, {}, {2}, {0}});
   add({"batch0", 2, 0, 8, {4, 4}, {2, 2}, {2, 2}});
+  // Walks across load batches (8 taps), rows and planes with padding between them; covering
+  // windows of stride 3 with dilation 1; split runs of several batches; one-channel strides.
+  add({"5x5s3p2-c16", 2, 2, 16, {13, 11}, {5, 5}, {3, 3}, {}, {2, 2}, {2, 2}});
+  add({"3d-3x3x3s1p1-excl-c8", 3, 1, 8, {4, 5, 6}, {3, 3, 3}, {1, 1, 1}, {}, {1, 1, 1},
+       {1, 1, 1}, false});
+  add({"3d-2x3x2-dil-c16", 3, 1, 16, {5, 6, 5}, {2, 3, 2}, {1, 2, 2}, {2, 1, 2}, {1, 0, 1},
+       {0, 1, 1}});
+  add({"global9x9-c24", 2, 3, 24, {9, 9}, {9, 9}});
+  add({"global11x13-c1", 2, 7, 1, {11, 13}, {11, 13}});
+  add({"c1-3x3s2p1-ceil", 2, 3, 1, {11, 12}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}, true, true});
+  add({"r50stem-c64", 2, 1, 64, {14, 13}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}});
+  add({"2x2s2-valid-c32-odd", 2, 2, 32, {7, 7}, {2, 2}, {2, 2}});
+  add({"window>input-dil-c8", 2, 1, 8, {3, 4}, {4, 3}, {1, 2}, {2, 2}, {3, 2}, {3, 2}});
+  // One-channel images large enough for the tiled forward (partial tiles, 1-4 rows a thread).
+  add({"c1-tiles-3x3s2p1", 2, 3, 1, {40, 37}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}});
+  add({"c1-tiles-2x2s2", 2, 2, 1, {34, 66}, {2, 2}, {2, 2}});
+  add({"c1-tiles-3x3s1-same-excl", 2, 2, 1, {20, 35}, {3, 3}, {1, 1}, {}, {1, 1}, {1, 1}, false});
+  add({"c1-tiles-dil2", 2, 1, 1, {24, 40}, {3, 3}, {1, 1}, {2, 2}, {2, 2}, {2, 2}});
+  add({"c1-tiles-ceil-excl", 2, 2, 1, {33, 35}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}, false, true});
+  add({"c1-tiles-2x2s1-tall", 2, 1, 1, {64, 40}, {2, 2}, {1, 1}});
   return v;
 }
 
@@ -629,6 +649,8 @@ void bench(const char* csv_path) {
        {"", 2, 32, 256, {28, 28}, {3, 3}, {1, 1}, {}, {1, 1}, {1, 1}, false}},
       {"global avg 32x7x7x2048", {"", 2, 32, 2048, {7, 7}, {7, 7}}},
       {"global avg NCHW 32x2048x7x7", {"", 2, 32 * 2048, 1, {7, 7}, {7, 7}}},
+      {"avgpool2x2s2 NCHW 32x256x56x56", {"", 2, 32 * 256, 1, {56, 56}, {2, 2}, {2, 2}}},
+      {"global max 32x7x7x2048", {"", 2, 32, 2048, {7, 7}, {7, 7}}},
   };
   FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
   if (csv) std::fprintf(csv, "case,op,us,GBps\n");
@@ -637,10 +659,34 @@ void bench(const char* csv_path) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
+  {  // The device's copy bandwidth for scale: 64 MB read + 64 MB written.
+    const size_t bytes = size_t(64) << 20;
+    DevBuf a(bytes, 0), b(bytes, 0);
+    CK(cudaMemset(a.ptr, 1, bytes));
+    for (int i = 0; i < 3; ++i) CK(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice,
+                                                   stream));
+    std::vector<float> ms;
+    for (int trial = 0; trial < 7; ++trial) {
+      CK(cudaEventRecord(e0, stream));
+      for (int i = 0; i < 20; ++i)
+        CK(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice, stream));
+      CK(cudaEventRecord(e1, stream));
+      CK(cudaEventSynchronize(e1));
+      float m;
+      CK(cudaEventElapsedTime(&m, e0, e1));
+      ms.push_back(m / 20);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double us = ms[ms.size() / 2] * 1e3;
+    std::printf("BENCH %-36s %-4s %9.2f us %8.1f GB/s\n", "cudaMemcpy D2D 64MB", "copy", us,
+                2.0 * bytes / (us * 1e-6) / 1e9);
+    if (csv) std::fprintf(csv, "%s,%s,%.3f,%.1f\n", "cudaMemcpy D2D 64MB", "copy", us,
+                          2.0 * bytes / (us * 1e-6) / 1e9);
+  }
   for (const BenchCase& bc : cases) {
     const PoolProblem p = make(bc.spec);
     const size_t xb = p.x_elems() * dsize(t), yb = p.y_elems() * dsize(t);
-    const bool is_max = std::string(bc.name).rfind("max", 0) == 0;
+    const bool is_max = std::string(bc.name).find("max") != std::string::npos;
     DevBuf x(xb, 0), x2(xb, 0), y(yb, 0), y2(yb, 0), dx(xb, 0);
     DevBuf ws(cuda::pool_workspace_bytes(PoolOp::kMaxScatter, p), 0);
     x.upload(values(t, p.x_elems(), Pattern::kNormal, 1));

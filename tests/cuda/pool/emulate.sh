@@ -5,7 +5,9 @@
 # g++ against the emulated runtime in emu/ (AddressSanitizer, UBSan alignment checks) and runs
 # the checker with the forward's heuristic, plain and split kernels; first it checks the
 # checker's reference against the CPU kernels. What it cannot see: nvcc compile errors, real
-# concurrency, the device's own rounding intrinsics, speed.
+# concurrency (the tiled one-channel forward stages its whole tile in every emulated thread;
+# run.sh racechecks the real split of that load on the GPU), the device's own rounding and
+# packed 16-bit max intrinsics, speed.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 D=${TMPDIR:-/tmp}/jaxdnn-poolemu
@@ -17,7 +19,7 @@ src, launches = re.subn(r"(\w+_kernel<[^<>]*>)<<<(.*?)>>>\(",
                         lambda m: f"emu::launch({m.group(1)}, {m.group(2)}, ", src, flags=re.S)
 src, shared = re.subn(r"extern __shared__ unsigned char (\w+)\[\];",
                       r"unsigned char* \1 = emu::shared_mem();", src)
-assert launches >= 5 and shared == 1, (launches, shared)
+assert launches >= 5 and shared >= 1, (launches, shared)
 open(sys.argv[2], "w").write(src)
 PY
 F="-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined

@@ -3,7 +3,9 @@
 # Builds the standalone pooling check with nvcc, checks every pooling kernel against the host
 # reference (full set) with the forward's heuristic, plain (JAXDNN_POOL_SPLIT=0) and split
 # (=1) kernels, runs memcheck and racecheck on the quick set, then the ResNet-50 timing table
-# (bf16 NHWC N=32, target >= 3000 GB/s). Exit status: non-zero when a build or a check failed.
+# (bf16 NHWC N=32, target >= 3000 GB/s; a cudaMemcpy row gives the device's copy bandwidth).
+# JAXDNN_POOL_BASELINE=FILE also times another pool_cuda.cu (e.g. an older commit's) for A/B.
+# Exit status: non-zero when a build or a check failed.
 set -u
 cd "$(dirname "$0")/../../.."
 O=${1:-${OUT:-/tmp/poolcheck}}
@@ -36,7 +38,20 @@ t1=$SECONDS
 JAXDNN_POOL_SPLIT=1 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 $BIN quick \
   > "$O/racecheck.txt" 2>&1 || rc=1
 echo "racecheck (split kernels): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck.txt" | tail -1) ($((SECONDS - t1)) s)"
+t1=$SECONDS
+env -u JAXDNN_POOL_SPLIT timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 $BIN quick \
+  --only c1-tiles > "$O/racecheck_tiles.txt" 2>&1 || rc=1
+echo "racecheck (tiled one-channel forward): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck_tiles.txt" | tail -1) ($((SECONDS - t1)) s)"
 echo "---- timings (median of 7 x 20 launches; GB/s counts bytes read + written)"
 timeout 120 $BIN --no-check bench --csv "$O/bench.csv" | grep "^BENCH" | tee "$O/bench.txt"
+# A/B: JAXDNN_POOL_BASELINE=path/to/other/pool_cuda.cu times that kernel file with this checker.
+if [ -n "${JAXDNN_POOL_BASELINE:-}" ]; then
+  echo "---- baseline timings ($JAXDNN_POOL_BASELINE)"
+  nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \
+    -Xcompiler -ffp-contract=off -I ffi/include -I ffi/cuda -I tests/cuda/pool \
+    tests/cuda/pool/check.cu "$JAXDNN_POOL_BASELINE" -o $BIN-base > "$O/build_base.txt" 2>&1 \
+    && timeout 120 $BIN-base --no-check bench --csv "$O/bench_base.csv" | grep "^BENCH" \
+    | sed 's/^BENCH/BASE /' | tee "$O/bench_base.txt" || echo "baseline build or run failed"
+fi
 echo "total $((SECONDS - t0)) s, rc=$rc"
 exit $rc
