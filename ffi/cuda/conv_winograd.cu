@@ -29,12 +29,15 @@
 // Arithmetic: fp32 (FFMA, true fp32, for float32 at every precision and for bf16/f16 operands,
 // which are widened when loaded) or fp64 (DFMA, float64). Transformed operands live in the
 // workspace in that type. Channel pads: Cgp = round_up(C/G, 8), Kgp = round_up(K/G, 8) (per pass
-// input / output channels), zeros in the pads, so the GEMM's K loop needs no bounds.
+// input / output channels), zeros in the pads (the GEMM zero-fills its K tail past a multiple
+// of 8).
 // Workspace (elements of the compute type Tc; TB = tiles per chunk, TBr = round_up(TB, 8)):
 //   fwd/dgrad NONFUSED: a*a G Cgp Kgp (U) + a*a TBr G (Cgp + Kgp) (V, Mo)
 //   wgrad:              a*a S G Cgp Kgp (split partials) + a*a TBr G (Cgp + Kgp) (V, Dy)
 //   fused:              16 G Cgp Kgp (U; wgrad: per tile slice, at most 64 slices)
-//   TB = min(tiles, max(256, kChunkBytes / (a*a * G * (Cgp + Kgp) * sizeof(Tc)))), 128 MiB chunks.
+//   cap = max(256, kChunkBytes / (a*a * G * (Cgp + Kgp) * sizeof(Tc))), 128 MiB chunks;
+//   TB = tiles if tiles <= cap; else wgrad: cap; fwd/dgrad: a multiple of the GEMM's BM, at most
+//   cap, chosen against wave quantization (chunk_tiles).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -61,7 +64,7 @@ using i64 = long long;
 
 constexpr i64 kChunkBytes = i64{128} << 20;
 constexpr int kThreads = 256;  // every kernel here
-constexpr int kPad = 8;        // channel pad (the GEMM's BK)
+constexpr int kPad = 8;        // channel pad (half the GEMM's BK)
 constexpr i64 kMaxSplits = 16;
 // CTAs the backward-filter GEMM aims for (about 4 waves of an H200 at 2 CTAs per SM, so the
 // last partial wave costs little); a constant, not a device query, so that the workspace size
@@ -580,18 +583,21 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 C
   // Stage kt's chunks: k past klen (the split's end) and rows / columns past M / N are zeros.
   auto load_stage = [&](int buf, int kt) {
     const int kb = kt * BK;
+    // A chunk that is not read gets the operand's base as its (unread, in-bounds) source.
+    const T* a0 = static_cast<const T*>(p.A);
+    const T* b0 = static_cast<const T*>(p.B);
+    bool ok0, ok1;
     if constexpr (A_KMAJOR) {
-      const bool kok = kb + a_k < klen;
-      cp_async16(&As[buf][a_dst0], a_src, kok && a_ok0);
-      cp_async16(&As[buf][a_dst1], a_src + V, kok && a_ok1);
+      ok0 = a_ok0 && kb + a_k < klen, ok1 = a_ok1 && kb + a_k < klen;
     } else {
-      cp_async16(&As[buf][a_dst0], a_src, a_ok0 && kb + a_k < klen);
-      cp_async16(&As[buf][a_dst1], a_src + V, a_ok1 && kb + a_k + V < klen);
+      ok0 = a_ok0 && kb + a_k < klen, ok1 = a_ok1 && kb + a_k + V < klen;
     }
+    cp_async16(&As[buf][a_dst0], ok0 ? a_src : a0, ok0);
+    cp_async16(&As[buf][a_dst1], ok1 ? a_src + V : a0, ok1);
     if (tid < kBLoaders) {
       const bool ok = b_ok && kb + b_k < klen;
-      cp_async16(&Bs[buf][b_dst], b_src, ok);
-      cp_async16(&Bs[buf][b_dst + V], b_src + V, ok);
+      cp_async16(&Bs[buf][b_dst], ok ? b_src : b0, ok);
+      cp_async16(&Bs[buf][b_dst + V], ok ? b_src + V : b0, ok);
     }
     a_src += a_step, b_src += b_step;
   };
