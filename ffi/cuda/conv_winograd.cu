@@ -536,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 C
   };
   // m-major A fragments: AV consecutive k of a row per shared-memory read (8 bytes for fp32,
   // which keeps the 8x8 block within 128 registers, 16 for fp64).
-    constexpr int AV = sizeof(T) == 4 ? 2 : V;
+  constexpr int AV = sizeof(T) == 4 ? 2 : V;
   using AVecT = std::conditional_t<sizeof(T) == 4, float2, double2>;
   union APack {
     AVecT v;
@@ -608,7 +608,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 C
     if (st < nk) load_stage(st, st);
     cp_async_commit();
   }
-  // Rows of the thread's two sub-blocks and (m-major) the swizzle of their chunks.
+  // Swizzle of the m-major A chunks this thread reads: bit 0 of row / V, which is ty.
   const int sw = ty & 1;
 #pragma unroll 1
   for (int kt = 0; kt < nk; ++kt) {
