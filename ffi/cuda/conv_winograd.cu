@@ -29,12 +29,15 @@
 // Arithmetic: fp32 (FFMA, true fp32, for float32 at every precision and for bf16/f16 operands,
 // which are widened when loaded) or fp64 (DFMA, float64). Transformed operands live in the
 // workspace in that type. Channel pads: Cgp = round_up(C/G, 8), Kgp = round_up(K/G, 8) (per pass
-// input / output channels), zeros in the pads, so the GEMM's K loop needs no bounds.
+// input / output channels), zeros in the pads (the GEMM zero-fills its K tail past a multiple
+// of 8).
 // Workspace (elements of the compute type Tc; TB = tiles per chunk, TBr = round_up(TB, 8)):
 //   fwd/dgrad NONFUSED: a*a G Cgp Kgp (U) + a*a TBr G (Cgp + Kgp) (V, Mo)
 //   wgrad:              a*a S G Cgp Kgp (split partials) + a*a TBr G (Cgp + Kgp) (V, Dy)
 //   fused:              16 G Cgp Kgp (U; wgrad: per tile slice, at most 64 slices)
-//   TB = min(tiles, max(256, kChunkBytes / (a*a * G * (Cgp + Kgp) * sizeof(Tc)))), 128 MiB chunks.
+//   cap = max(256, kChunkBytes / (a*a * G * (Cgp + Kgp) * sizeof(Tc))), 128 MiB chunks;
+//   TB = tiles if tiles <= cap; else wgrad: cap; fwd/dgrad: a multiple of the GEMM's BM, at most
+//   cap, chosen against wave quantization (chunk_tiles).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -42,6 +45,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -60,7 +64,7 @@ using i64 = long long;
 
 constexpr i64 kChunkBytes = i64{128} << 20;
 constexpr int kThreads = 256;  // every kernel here
-constexpr int kPad = 8;        // channel pad (the GEMM's BK)
+constexpr int kPad = 8;        // channel pad (half the GEMM's BK)
 constexpr i64 kMaxSplits = 16;
 // CTAs the backward-filter GEMM aims for (about 4 waves of an H200 at 2 CTAs per SM, so the
 // last partial wave costs little); a constant, not a device query, so that the workspace size
@@ -448,14 +452,18 @@ filter_grad_kernel(const Tc* __restrict__ Pp, i64 S, i64 G, i64 Cg, i64 Kg, i64 
 // Batched GEMM, SIMT (FFMA / DFMA): C[z] (M x N, row stride ldc) (+)= A[z] (M x K) * B[z] (K x N).
 // A element (m, k) at A[m*lda + k] (row-major) or, A_KMAJOR, at A[k*lda + m]; B (k, n) at
 // B[k*ldb + n]. Batch z = (xi * G + g) * S + s: operand offsets xi*_xi + g*_g + s*_s; split s
-// covers K rows [s*k_split, min(K, (s+1)*k_split)). K and k_split are multiples of BK; M and N
-// rows/columns past their limits are zero-filled on load and not stored (the limits are
-// multiples of the vector width where they bound a vector).
-// Tile: BM = BN = 32 V (128 for fp32, 64 for fp64; V = 16-byte vector width), BK = 8, 256
-// threads, each a 2V x 2V register block (8x8 fp32) split into 2 x 2 sub-blocks BM/2 apart (so
-// a warp's shared-memory vector reads hit distinct banks); A and B double-buffered in shared
-// memory with the next stage's global loads held in registers while this one computes. When
-// N <= BN / 2 a narrow variant takes BN / 2 columns (2V x V per thread).
+// covers K rows [s*k_split, min(K, (s+1)*k_split)). K and k_split are multiples of 8 (kPad);
+// rows / columns / k past their limits are zero-filled on load (cp.async zfill) and not stored
+// (the limits are multiples of the vector width where they bound a vector).
+// Tile: BM = BN = 32 V (128 for fp32, 64 for fp64; V = 16-byte vector width), BK = 16, 256
+// threads, each a 2V x 2V register block (8x8 fp32) split into 2 x 2 sub-blocks BM/2 apart.
+// Operands go global -> shared by cp.async (16 bytes, no register staging) through a 3-stage
+// ring (48 KB, one barrier per BK). A is kept in shared memory as loaded: k-major [BK][BM]
+// (A_KMAJOR) or m-major [BM][BK] with the 16-byte chunks of a row XOR-swizzled by bit 0 of
+// (row / V), so that the two rows a warp reads at once sit in different banks; m-major
+// fragments are read as V consecutive k of each of the thread's 2V rows. Every output is summed
+// over k in increasing order (fixed, bitwise reproducible). When N <= BN / 2 a narrow variant
+// takes BN / 2 columns (2V x V per thread).
 struct GemmArgs {
   const void* A;
   const void* B;
@@ -479,19 +487,63 @@ struct Vec16<double> {
   using type = double2;
 };
 
+// 16-byte global -> shared copy, zero-filled when !ok (src is then not read).
+__device__ __forceinline__ void cp_async16(void* smem, const void* src, bool ok) {
+#ifdef JAXDNN_WINO_EMULATION
+  if (ok) std::memcpy(smem, src, 16);
+  else std::memset(smem, 0, 16);
+#else
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+               "r"(ok ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifndef JAXDNN_WINO_EMULATION
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifndef JAXDNN_WINO_EMULATION
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+constexpr int kGemmBK = 16, kGemmStages = 3;
+template <typename T>
+constexpr i64 gemm_bm() {
+  return 32 * (16 / sizeof(T));
+}
+// Column blocks of the GEMM for N columns (wide: BN = BM, narrow: BM / 2).
+template <typename T>
+i64 gemm_nblocks(i64 N) {
+  constexpr i64 bm = gemm_bm<T>();
+  return N > bm / 2 ? ceil_div(N, bm) : ceil_div(N, bm / 2);
+}
+
 template <typename T, bool A_KMAJOR, bool WIDE>
 __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 CTAs per SM
-  // WIDE: BN = BM, 2V x 2V per thread; narrow (N <= 16 V, e.g. 64 fp32 channels): BN = BM / 2,
-  // 2V x V per thread, so that no half of the tile multiplies padding.
-  constexpr int V = 16 / sizeof(T), BM = 32 * V, BN = WIDE ? 32 * V : 16 * V, BK = 8;
-  constexpr int TM = 2 * V, TN = WIDE ? 2 * V : V, kBVecs = BK * BN / V;
+  constexpr int V = 16 / sizeof(T), BM = 32 * V, BN = WIDE ? 32 * V : 16 * V, BK = kGemmBK;
+  constexpr int ST = kGemmStages, TM = 2 * V, TN = WIDE ? 2 * V : V;
+  constexpr int kAChunks = BM * BK / V, kBChunks = BK * BN / V;
+  static_assert(kAChunks == 2 * kThreads && kBChunks <= 2 * kThreads, "load assignment");
+  static_assert(BK % (2 * V) == 0, "chunk pairs");
   using VecT = typename Vec16<T>::type;
   union Pack {
     VecT v;
     T e[V];
   };
-  alignas(16) WINO_SMEM T As[2][BK][BM];
-  alignas(16) WINO_SMEM T Bs[2][BK][BN];
+  // m-major A fragments: AV consecutive k of a row per shared-memory read (8 bytes for fp32,
+  // which keeps the 8x8 block within 128 registers, 16 for fp64).
+  constexpr int AV = sizeof(T) == 4 ? 2 : V;
+  using AVecT = std::conditional_t<sizeof(T) == 4, float2, double2>;
+  union APack {
+    AVecT v;
+    T e[AV];
+  };
+  alignas(16) WINO_SMEM T As[ST][BM * BK];
+  alignas(16) WINO_SMEM T Bs[ST][BK * BN];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const i64 blk = blockIdx.x;
   const i64 nb = blk % p.nblocks, mb = blk / p.nblocks % p.mblocks;
@@ -499,77 +551,139 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 C
   const i64 s = z % p.S, g = z / p.S % p.G, xi = z / (p.S * p.G);
   const T* A = static_cast<const T*>(p.A) + xi * p.a_xi + g * p.a_g + s * p.a_s;
   const T* B = static_cast<const T*>(p.B) + xi * p.b_xi + g * p.b_g + s * p.b_s;
-  T* C = static_cast<T*>(p.C) + xi * p.c_xi + g * p.c_g + s * p.c_s;
   const i64 m0 = mb * BM, n0 = nb * BN;
-  const int nk = static_cast<int>(std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split)) / BK);
+  const int klen = static_cast<int>(std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split)));
+  const int nk = (klen + BK - 1) / BK;
 
-  // Global load assignment: one 16-byte vector of A and one of B per thread per stage.
-  constexpr int kAVecsPerRow = BK / V;
-  const int a_m = A_KMAJOR ? (tid % 32) * V : tid / kAVecsPerRow;
-  const int a_k = A_KMAJOR ? tid / 32 : (tid % kAVecsPerRow) * V;
-  const int b_k = tid / (BN / V), b_n = (tid % (BN / V)) * V;
-  const bool b_loader = tid < kBVecs;  // narrow: half the threads load B
-  const bool a_ok = m0 + a_m < p.M, b_ok = b_loader && n0 + b_n < p.N;
-  const T* a_src = A_KMAJOR ? A + a_k * p.lda + m0 + a_m : A + (m0 + a_m) * p.lda + a_k;
-  const T* b_src = B + b_k * p.ldb + n0 + b_n;
+  // Load assignment: two adjacent 16-byte chunks (32 bytes) of each operand tile per thread
+  // (B: the first BK * BN / 2V threads), through one source pointer advanced per stage.
+  constexpr int kBLoaders = BK * BN / (2 * V);
+  int a_k, a_dst0, a_dst1, b_k, b_dst;
+  bool a_ok0, a_ok1, b_ok;
+  const T* a_src;
+  const T* b_src;
+  if constexpr (A_KMAJOR) {
+    const int k = tid / (BM / (2 * V)), m = (tid % (BM / (2 * V))) * 2 * V;
+    a_k = k, a_dst0 = k * BM + m, a_dst1 = a_dst0 + V;
+    a_ok0 = m0 + m < p.M, a_ok1 = m0 + m + V < p.M;
+    a_src = A + k * p.lda + m0 + m;
+  } else {
+    const int m = tid / (BK / (2 * V)), c = (tid % (BK / (2 * V))) * 2, sw = (m / V) & 1;
+    a_k = c * V, a_dst0 = m * BK + (c ^ sw) * V, a_dst1 = m * BK + ((c + 1) ^ sw) * V;
+    a_ok0 = a_ok1 = m0 + m < p.M;
+    a_src = A + (m0 + m) * p.lda + c * V;
+  }
+  {
+    const int k = tid / (BN / (2 * V)), n = (tid % (BN / (2 * V))) * 2 * V;
+    b_k = k, b_dst = k * BN + n;
+    b_ok = tid < kBLoaders && n0 + n < p.N;  // N is a multiple of 2V = 8 (fp32) or 4 (fp64)
+    b_src = B + k * p.ldb + n0 + n;
+  }
   const i64 a_step = A_KMAJOR ? BK * p.lda : BK, b_step = BK * p.ldb;
-  Pack ra, rb;
-  auto load_global = [&]() {  // the next BK slice; advances the sources
-    ra.v = a_ok ? *reinterpret_cast<const VecT*>(a_src) : VecT{};
-    rb.v = b_ok ? *reinterpret_cast<const VecT*>(b_src) : VecT{};
-    a_src += a_step, b_src += b_step;
-  };
-  auto store_shared = [&](int buf) {
+  // Stage kt's chunks: k past klen (the split's end) and rows / columns past M / N are zeros.
+  auto load_stage = [&](int buf, int kt) {
+    const int kb = kt * BK;
+    // A chunk that is not read gets the operand's base as its (unread, in-bounds) source.
+    const T* a0 = static_cast<const T*>(p.A);
+    const T* b0 = static_cast<const T*>(p.B);
+    bool ok0, ok1;
     if constexpr (A_KMAJOR) {
-      *reinterpret_cast<VecT*>(&As[buf][a_k][a_m]) = ra.v;
+      ok0 = a_ok0 && kb + a_k < klen, ok1 = a_ok1 && kb + a_k < klen;
     } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) As[buf][a_k + j][a_m] = ra.e[j];
+      ok0 = a_ok0 && kb + a_k < klen, ok1 = a_ok1 && kb + a_k + V < klen;
     }
-    if (b_loader) *reinterpret_cast<VecT*>(&Bs[buf][b_k][b_n]) = rb.v;
+    cp_async16(&As[buf][a_dst0], ok0 ? a_src : a0, ok0);
+    cp_async16(&As[buf][a_dst1], ok1 ? a_src + V : a0, ok1);
+    if (tid < kBLoaders) {
+      const bool ok = b_ok && kb + b_k < klen;
+      cp_async16(&Bs[buf][b_dst], ok ? b_src : b0, ok);
+      cp_async16(&Bs[buf][b_dst + V], ok ? b_src + V : b0, ok);
+    }
+    a_src += a_step, b_src += b_step;
   };
 
   T acc[TM][TN] = {};
-  if (nk > 0) {
-    load_global();
-    store_shared(0);
+#pragma unroll
+  for (int st = 0; st < ST - 1; ++st) {
+    if (st < nk) load_stage(st, st);
+    cp_async_commit();
   }
-  __syncthreads();
+  // Swizzle of the m-major A chunks this thread reads: bit 0 of row / V, which is ty.
+  const int sw = ty & 1;
+#pragma unroll 1
   for (int kt = 0; kt < nk; ++kt) {
-    const int buf = kt & 1;
-    if (kt + 1 < nk) load_global();
+    cp_async_wait<ST - 2>();
+    __syncthreads();  // stage kt landed for all; stage kt - 1 is free again
+    if (kt + ST - 1 < nk) load_stage((kt + ST - 1) % ST, kt + ST - 1);
+    cp_async_commit();
+    const T* as = As[kt % ST];
+    const T* bs = Bs[kt % ST];
+    if constexpr (A_KMAJOR) {
 #pragma unroll
-    for (int k = 0; k < BK; ++k) {
-      Pack a0, a1, b0, b1;
-      a0.v = *reinterpret_cast<const VecT*>(&As[buf][k][ty * V]);
-      a1.v = *reinterpret_cast<const VecT*>(&As[buf][k][BM / 2 + ty * V]);
-      b0.v = *reinterpret_cast<const VecT*>(&Bs[buf][k][tx * V]);
-      if constexpr (WIDE) b1.v = *reinterpret_cast<const VecT*>(&Bs[buf][k][BN / 2 + tx * V]);
+      for (int k = 0; k < BK; ++k) {
+        Pack a0, a1, b0, b1;
+        a0.v = *reinterpret_cast<const VecT*>(&as[k * BM + ty * V]);
+        a1.v = *reinterpret_cast<const VecT*>(&as[k * BM + BM / 2 + ty * V]);
+        b0.v = *reinterpret_cast<const VecT*>(&bs[k * BN + tx * V]);
+        if constexpr (WIDE) b1.v = *reinterpret_cast<const VecT*>(&bs[k * BN + BN / 2 + tx * V]);
 #pragma unroll
-      for (int i = 0; i < V; ++i)
+        for (int i = 0; i < V; ++i)
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          acc[i][j] += a0.e[i] * b0.e[j];
-          acc[V + i][j] += a1.e[i] * b0.e[j];
-          if constexpr (WIDE) {
-            acc[i][V + j] += a0.e[i] * b1.e[j];
-            acc[V + i][V + j] += a1.e[i] * b1.e[j];
+          for (int j = 0; j < V; ++j) {
+            acc[i][j] += a0.e[i] * b0.e[j];
+            acc[V + i][j] += a1.e[i] * b0.e[j];
+            if constexpr (WIDE) {
+              acc[i][V + j] += a0.e[i] * b1.e[j];
+              acc[V + i][V + j] += a1.e[i] * b1.e[j];
+            }
+          }
+      }
+    } else {
+#pragma unroll
+      for (int kc = 0; kc < BK / V; ++kc) {
+        const int col = (kc ^ sw) * V;
+#pragma unroll
+        for (int ka = 0; ka < V / AV; ++ka) {
+          APack a[TM];
+#pragma unroll
+          for (int i = 0; i < TM; ++i) {
+            const int row = i < V ? ty * V + i : BM / 2 + ty * V + i - V;
+            a[i].v = *reinterpret_cast<const AVecT*>(&as[row * BK + col + ka * AV]);
+          }
+#pragma unroll
+          for (int kv = 0; kv < AV; ++kv) {
+            const int k = kc * V + ka * AV + kv;
+            Pack b0, b1;
+            b0.v = *reinterpret_cast<const VecT*>(&bs[k * BN + tx * V]);
+            if constexpr (WIDE)
+              b1.v = *reinterpret_cast<const VecT*>(&bs[k * BN + BN / 2 + tx * V]);
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+              for (int j = 0; j < V; ++j) {
+                acc[i][j] += a[i].e[kv] * b0.e[j];
+                if constexpr (WIDE) acc[i][V + j] += a[i].e[kv] * b1.e[j];
+              }
           }
         }
+      }
     }
-    if (kt + 1 < nk) store_shared(buf ^ 1);
-    __syncthreads();
   }
 
+  // The epilogue recomputes the block's place rather than holding it through the loop.
+  const i64 b2 = blockIdx.x, z2 = b2 / (p.nblocks * p.mblocks);
+  const i64 em = p.M - (b2 / p.nblocks % p.mblocks) * BM, en = p.N - (b2 % p.nblocks) * BN;
+  T* C = static_cast<T*>(p.C) + (z2 / (p.S * p.G)) * p.c_xi + (z2 / p.S % p.G) * p.c_g +
+         (z2 % p.S) * p.c_s + (b2 / p.nblocks % p.mblocks) * BM * p.ldc + (b2 % p.nblocks) * BN;
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
-    const i64 m = m0 + (i < V ? ty * V + i : BM / 2 + ty * V + i - V);
-    if (m >= p.M) continue;
+    const int r = i < V ? ty * V + i : BM / 2 + ty * V + i - V;
+    if (r >= em) continue;
 #pragma unroll
     for (int h = 0; h < TN / V; ++h) {
-      const i64 n = n0 + h * (BN / 2) + tx * V;
-      if (n >= p.N) continue;
-      VecT* dst = reinterpret_cast<VecT*>(C + m * p.ldc + n);
+      const int c = h * (BN / 2) + tx * V;
+      if (c >= en) continue;
+      VecT* dst = reinterpret_cast<VecT*>(C + r * p.ldc + c);
       Pack o;
       if (p.accumulate) o.v = *dst;
 #pragma unroll
@@ -786,23 +900,54 @@ size_t tc_bytes(DType in) { return in == DType::kF64 ? 8 : 4; }
 
 // Tiles per chunk of a NONFUSED pass (see the header comment). JAXDNN_WINO_CHUNK_TILES=n forces
 // n (a test hook: the checker runs the multi-chunk paths on small problems).
-i64 chunk_tiles(const Pass& ps, int a, size_t tc) {
+// Forward-shaped passes (fwd, dgrad) take whole GEMM M blocks per chunk, as many as the chunk
+// bytes allow, trading chunk count against wave quantization: kWaveCtas is one wave of the GEMM
+// (an H200: 132 SMs x 2 CTAs; a constant, like kWgradTargetCtas, so that the workspace size does
+// not depend on the device). The chunking of a forward-shaped pass does not change any sum.
+constexpr i64 kWaveCtas = 264;
+
+i64 chunk_tiles(const Pass& ps, int a, size_t tc, bool fwd) {
   static const i64 forced = [] {
     const char* v = std::getenv("JAXDNN_WINO_CHUNK_TILES");
     return v != nullptr ? std::max<i64>(0, std::atoll(v)) : i64{0};
   }();
+  const i64 tiles = tiles_of(ps);
   const i64 per_tile = i64{a} * a * ps.G * (ps.Cgp + ps.Kgp) * static_cast<i64>(tc);
-  const i64 tb = forced > 0 ? forced : std::max<i64>(256, kChunkBytes / std::max<i64>(per_tile, 1));
-  return std::max<i64>(1, std::min(tiles_of(ps), tb));
+  const i64 cap = std::max<i64>(256, kChunkBytes / std::max<i64>(per_tile, 1));
+  if (forced > 0) return std::max<i64>(1, std::min(tiles, forced));
+  if (!fwd || tiles <= cap) return std::max<i64>(1, std::min(tiles, cap));
+  const i64 bm = tc == 8 ? gemm_bm<double>() : gemm_bm<float>();
+  const i64 nbl = tc == 8 ? gemm_nblocks<double>(ps.Kgp) : gemm_nblocks<float>(ps.Kgp);
+  const i64 per_mb = i64{a} * a * ps.G * nbl, mtot = ceil_div(tiles, bm);
+  const i64 mb_cap = std::max<i64>(1, cap / bm);
+  // Cost in tenths of a wave: the GEMM waves of all chunks, plus a tenth per chunk (launches,
+  // transform tails). Fewer chunks win ties.
+  i64 best = mb_cap, best_cost = -1;
+  for (i64 mb = mb_cap; mb >= std::max<i64>(1, mb_cap / 2); --mb) {
+    const i64 chunks = ceil_div(mtot, mb), last = mtot - (chunks - 1) * mb;
+    const i64 waves = (chunks - 1) * ceil_div(mb * per_mb, kWaveCtas) +
+                      ceil_div(last * per_mb, kWaveCtas);
+    const i64 cost = 10 * waves + chunks;
+    if (best_cost < 0 || cost < best_cost) best = mb, best_cost = cost;
+  }
+  return std::min(tiles, best * bm);
 }
 
-// Split count of the backward-filter GEMM and rows (tiles) per split of a chunk of TB tiles.
+// Split count of the backward-filter GEMM and rows (tiles) per split of a chunk of TB tiles:
+// the count (at most kMaxSplits, at least ~128 tiles per split) that minimizes waves of CTAs
+// times the BK steps of one CTA (plus ~3 steps of prologue / epilogue); fewer splits win ties.
 i64 wgrad_splits(const Pass& ps, int a, i64 TB, size_t tc) {
-  const i64 bm = 32 * static_cast<i64>(16 / tc);
-  const i64 ctas = ceil_div(ps.Cgp, bm) * ceil_div(ps.Kgp, bm) * a * a * ps.G;
-  i64 s = std::min(kMaxSplits, ceil_div(kWgradTargetCtas, ctas));
-  s = std::min(s, std::max<i64>(1, round_up(TB, kPad) / 128));  // at least ~128 tiles per split
-  return std::max<i64>(1, s);
+  const i64 bm = tc == 8 ? gemm_bm<double>() : gemm_bm<float>();
+  const i64 nbl = tc == 8 ? gemm_nblocks<double>(ps.Kgp) : gemm_nblocks<float>(ps.Kgp);
+  const i64 ctas = ceil_div(ps.Cgp, bm) * nbl * a * a * ps.G, TBr = round_up(TB, kPad);
+  const i64 smax = std::clamp<i64>(TBr / 128, 1, kMaxSplits);
+  i64 best = 1, best_cost = -1;
+  for (i64 s = 1; s <= smax; ++s) {
+    const i64 ks = round_up(ceil_div(TBr, s), kPad);
+    const i64 cost = ceil_div(ctas * s, kWaveCtas) * (ceil_div(ks, kGemmBK) + 3);
+    if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
 }
 
 std::string unsupported(const ConvProblem& p) {
@@ -821,11 +966,11 @@ std::string unsupported(const ConvProblem& p) {
 
 template <typename Tc>
 void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st) {
-  constexpr i64 bm = 32 * (16 / sizeof(Tc));
+  constexpr i64 bm = gemm_bm<Tc>();
   const bool wide = a0.N > bm / 2;
   GemmArgs a = a0;
   a.mblocks = ceil_div(a.M, bm);
-  a.nblocks = ceil_div(a.N, wide ? bm : bm / 2);
+  a.nblocks = gemm_nblocks<Tc>(a.N);
   const i64 grid = a.mblocks * a.nblocks * points * a.G * a.S;
   if (a_kmajor && wide) gemm_kernel<Tc, true, true><<<grid, kThreads, 0, st>>>(a);
   else if (a_kmajor) gemm_kernel<Tc, true, false><<<grid, kThreads, 0, st>>>(a);
@@ -850,7 +995,7 @@ std::string nonfused_pass(const CudaConvCall& c, const CudaConvBuffers& io) {
   const Pass ps = make_pass(c.op, p, M);
   const i64 tiles = tiles_of(ps);
   if (tiles == 0 || ps.P == 0 || ps.Q == 0) return "";
-  const i64 TB = chunk_tiles(ps, A, sizeof(Tc)), TBr = round_up(TB, kPad);
+  const i64 TB = chunk_tiles(ps, A, sizeof(Tc), true), TBr = round_up(TB, kPad);
   const i64 cip = ps.G * ps.Cgp, cop = ps.G * ps.Kgp;
   Tc* U = static_cast<Tc*>(io.workspace);
   Tc* V = U + A2 * ps.G * ps.Cgp * ps.Kgp;
@@ -897,7 +1042,7 @@ std::string nonfused_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
     if (e != cudaSuccess) return std::string("WINOGRAD zero fill failed: ") + cudaGetErrorString(e);
     return "";
   }
-  const i64 TB = chunk_tiles(ps, A, sizeof(Tc)), TBr = round_up(TB, kPad);
+  const i64 TB = chunk_tiles(ps, A, sizeof(Tc), false), TBr = round_up(TB, kPad);
   const i64 S = wgrad_splits(ps, A, TB, sizeof(Tc));
   const i64 cip = ps.G * ps.Cgp, cop = ps.G * ps.Kgp;
   Tc* Pp = static_cast<Tc*>(io.workspace);  // [S][A2][G][Cgp][Kgp]
@@ -1025,7 +1170,8 @@ size_t winograd_workspace_bytes(const CudaConvCall& c) {
   const int m = tile_m(c.op, p), a = m + 2;
   const Pass ps = make_pass(c.op, p, m);
   if (tiles_of(ps) == 0 || ps.P == 0 || ps.Q == 0) return 0;
-  const i64 TB = chunk_tiles(ps, a, tc), TBr = round_up(TB, kPad);
+  const i64 TB = chunk_tiles(ps, a, tc, c.op != ConvOp::kBackwardFilter);
+  const i64 TBr = round_up(TB, kPad);
   const i64 S = c.op == ConvOp::kBackwardFilter ? wgrad_splits(ps, a, TB, tc) : 1;
   const i64 elems = i64{a} * a * ps.G * (S * ps.Cgp * ps.Kgp + TBr * (ps.Cgp + ps.Kgp));
   return static_cast<size_t>(elems) * tc;

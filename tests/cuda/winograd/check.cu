@@ -299,6 +299,9 @@ std::vector<Case> cases() {
       {"nhwc_c40_k136", H, 2, 2, 40, 136, 1, {12, 10}, {3, 3}, {1, 1}, {1, 1}},
       {"nchw_c136_k40", C, 2, 1, 136, 40, 1, {9, 14}, {3, 3}, {1, 1}, {1, 1}},
       {"nhwc_g2_c72_k72", H, 2, 1, 72, 72, 2, {17, 16}, {3, 3}, {1, 1}, {1, 1}},
+      // GEMM K past the cp.async ring (17 BK steps, K tail of 8), wide and narrow N
+      {"nhwc_c264_k72", H, 2, 1, 264, 72, 1, {10, 12}, {3, 3}, {1, 1}, {1, 1}},
+      {"nchw_c72_k264", C, 2, 1, 72, 264, 1, {9, 6}, {3, 3}, {1, 1}, {1, 1}},
       // many tiles: several GEMM M blocks, wgrad splits
       {"nhwc_many_tiles", H, 2, 4, 8, 8, 1, {64, 64}, {3, 3}, {1, 1}, {1, 1}},
       {"nchw_many_tiles", C, 2, 2, 16, 24, 1, {46, 50}, {3, 3}, {1, 1}, {1, 1}},
@@ -306,7 +309,8 @@ std::vector<Case> cases() {
 }
 
 const char* kQuick[] = {"nhwc_c3_k5_odd", "nchw_negpad_asym", "nhwc_groups3", "nhwc_img2x3",
-                        "nhwc_3d_slices", "nhwc_c40_k136", "nchw_c1_k3_valid"};
+                        "nhwc_3d_slices", "nhwc_c40_k136", "nchw_c1_k3_valid",
+                        "nhwc_c264_k72"};
 
 // Refusals: each must come back with a reason naming what is wrong.
 void check_refusals() {

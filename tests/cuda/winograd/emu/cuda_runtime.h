@@ -22,6 +22,7 @@
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 
+struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) double2 { double x, y; };
 struct dim3 {
