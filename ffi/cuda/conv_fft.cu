@@ -16,17 +16,20 @@
 // that axis is a batch axis). Tiles of all images are "rows", like extra images.
 //
 // Kernels, in order (all launches on the caller's stream):
-//   fft_forward_kernel  2 * pairs real signals per CTA: gathered (any layout / window, zero
-//                       padding, bit-reversed placement) as pairs z = a + i b, radix-2 DIT passes
-//                       along each axis in shared memory, separated into the half spectra
-//                       A = (Z(u) + conj Z(-u)) / 2, B = (Z(u) - conj Z(-u)) / 2i, stored
-//                       spectrum[bin][signal] (signal index fastest: adjacent signals coalesce).
+//   fft_forward_kernel  two jobs per launch (the filter and the first chunk's activations, or x
+//                       and dy): 2 * pairs real signals per CTA, gathered (any layout / window,
+//                       zero padding, bit-reversed placement) as pairs z = a + i b, radix-2^3
+//                       DIT passes along each axis in shared memory (the leading stages that a
+//                       short window such as a filter's leaves trivial are skipped), separated
+//                       into the half spectra A = (Z(u) + conj Z(-u)) / 2,
+//                       B = (Z(u) - conj Z(-u)) / 2i, stored spectrum[bin][signal] (signal index
+//                       fastest: adjacent signals coalesce).
 //   cgemm_kernel        per (bin, group) a complex matrix product over channels (fwd/dgrad) or
-//                       over rows (wgrad), tiled 32 x 64 x 16 through shared memory, 4 x 4
-//                       complex outputs per thread, fp32 (fp64) FMAs: no TF32 anywhere.
-//   fft_inverse_kernel  Z = A + i B rebuilt from two half spectra (Hermitian extension), inverse
-//                       passes, real part -> signal a, imaginary part -> signal b, cropped to
-//                       the tile's window and converted to the output dtype.
+//                       over rows (wgrad), tiled 32 x 64 x 32 (fp64: x 16) through shared
+//                       memory, 4 x 4 complex outputs per thread, fp32 (fp64) FMAs: no TF32.
+//   fft_inverse_kernel  Z = A + i B rebuilt from two half spectra (Hermitian extension, each
+//                       stored bin read once), inverse passes, real part -> signal a, imaginary
+//                       part -> signal b, cropped to the tile's window, in the output dtype.
 // Workspace: the filter-side spectrum P (bins x rows_P x cols_P complex) plus the activation
 // and result spectra of one chunk of rows (bins x chunk x (Ci + Co)); chunks of rows bound it.
 // Backward-filter accumulates P over the chunks in order: deterministic, no atomics.
@@ -51,6 +54,8 @@ using i64 = int64_t;
 // Transform points per signal: two pairs of 4096 complex doubles (128 KiB) fit in shared memory.
 constexpr i64 kMaxPoints = 4096;
 constexpr int kThreads = 256;
+// Points (bins) a transform thread gathers per round, their loads all in flight together.
+constexpr int kBatch = 4;
 // Activation + result spectra of one chunk of rows, at most about this many bytes
 // (JAXDNN_FFT_CHUNK_BYTES overrides it: the checker uses it to exercise the chunk loop).
 i64 chunk_bytes() {
@@ -125,21 +130,29 @@ struct SigGeom {
   int lo[3], hi[3];
 };
 
+// a / b for 0 <= a, 0 < b (callers take the remainder as a - q b): a 32-bit division when both
+// fit (a 64-bit one is a long subroutine on the GPU, on the path to every transform's first load).
+__device__ __forceinline__ i64 quot(i64 a, i64 b) {
+  if ((a | b) >> 32 != 0) return a / b;
+  return static_cast<i64>(static_cast<uint32_t>(a) / static_cast<uint32_t>(b));
+}
+
 __device__ SigGeom signal_geom(const SigMap& m, i64 s) {
   SigGeom g;
   g.base = -1;
   if (s >= m.nsig) return g;
   i64 t0[3] = {0, 0, 0};
   if (m.kind == 0) {
-    const i64 row = m.r0 + s / m.chans, ch = s % m.chans;
-    const i64 n = row / m.tiles, t = row % m.tiles;
-    t0[2] = (t % m.nt[2]) * m.To[2];
-    t0[1] = (t / m.nt[2] % m.nt[1]) * m.To[1];
-    t0[0] = (t / (static_cast<i64>(m.nt[2]) * m.nt[1])) * m.To[0];
+    const i64 q = quot(s, m.chans), row = m.r0 + q, ch = s - q * m.chans;
+    const i64 n = quot(row, m.tiles), t = row - n * m.tiles;
+    const i64 t2 = quot(t, m.nt[2]), t1 = quot(t2, m.nt[1]);
+    t0[2] = (t - t2 * m.nt[2]) * m.To[2];
+    t0[1] = (t2 - t1 * m.nt[1]) * m.To[1];
+    t0[0] = t1 * m.To[0];
     g.base = n * m.sn + ch * m.sc;
   } else {
-    const i64 i = s / m.chans, j = s % m.chans;
-    const i64 k = m.swap ? i : (i / m.Cg) * m.Kg + j, cin = m.swap ? j : i % m.Cg;
+    const i64 i = quot(s, m.chans), j = s - i * m.chans, gi = quot(i, m.Cg);
+    const i64 k = m.swap ? i : gi * m.Kg + j, cin = m.swap ? j : i - gi * m.Cg;
     g.base = m.nhwc ? cin * m.K + k : (k * m.Cg + cin) * m.taps;
   }
   for (int a = 0; a < 3; ++a) {
@@ -194,64 +207,77 @@ __device__ __forceinline__ Cx<F> cmul(Cx<F> a, Cx<F> b) {
   return Cx<F>{a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
 }
 
-// In-place decimation-in-time passes along every axis over all pairs of the CTA (input
-// bit-reversed per axis, output natural). Inverse: exp(+2 pi i jk / L), unscaled. Two radix-2
-// stages (spans 2h and 4h) are done at once on 4 elements in registers ("radix 2^2"): for
-// k < h, elements e_j = i0 + j h,
-//   b0, b1 = e0 +- w_2h^k e1,  b2, b3 = e2 +- w_2h^k e3,
-//   e0, e2 = b0 +- w_4h^k b2,  e1, e3 = b1 +- w_4h^(k+h) b3,  w_4h^(k+h) = -+i w_4h^k,
-// so a pass costs half the barriers and shared-memory round trips; an odd last stage is
-// radix 2.
+// Where point i of a pair lives in its shared-memory slab: bits 0-2 XOR bits 3-5. A permutation
+// within each group of 8 that puts the 8 contiguous points a thread takes in the first pass of
+// the innermost axis into different banks across neighbouring threads; runs of 8 aligned points
+// stay together, so the other passes' accesses stay conflict-free.
+__device__ __forceinline__ int zpos(int i) { return i ^ ((i >> 3) & 7); }
+
+// w times exp(-+2 pi i jj / 2^(st + 1)) (- forward, + inverse), jj < 2^st, st < 3: the factors
+// within a radix-2^3 pass are constants (1, -+i, and the eighth turns r (1 -+ i), r = 1 / sqrt 2).
 template <typename F, bool Inv>
-__device__ void fft_passes(Cx<F>* z, const Cx<F>* tw, const FftDims& d) {
-  const int half_p = d.P >> 1, nb = d.pairs * half_p;
-  const int quarter_p = d.P >> 2, nb4 = d.pairs * quarter_p;
+__device__ __forceinline__ Cx<F> turn(Cx<F> w, int st, int jj) {
+  if (jj == 0) return w;
+  if (2 * jj == (1 << st)) return Inv ? Cx<F>{-w.im, w.re} : Cx<F>{w.im, -w.re};
+  const F r = F(0.70710678118654752440);
+  Cx<F> u = Inv ? Cx<F>{r * (w.re - w.im), r * (w.re + w.im)}
+                : Cx<F>{r * (w.re + w.im), r * (w.im - w.re)};
+  if (jj == 3) u = Inv ? Cx<F>{-u.im, u.re} : Cx<F>{u.im, -u.re};  // times the quarter turn
+  return u;
+}
+
+// One pass of R (1..3) radix-2 decimation-in-time stages lh .. lh + R - 1 along axis a (stride
+// 2^lsa) over all pairs of the CTA, 2^R points per thread in registers. With h = 2^lh, k < h and
+// x_j = e[i0 + j h] (j < 2^R), stage t pairs x_j and x_(j + 2^t) (bit t of j clear):
+//   x_j, x_(j + 2^t) = x_j +- w_(2^(t+1) h)^(k + (j mod 2^t) h) x_(j + 2^t),
+// with w_n = exp(-2 pi i / n) (conjugated for the inverse): w_(2^(t+1) h)^k from tw
+// (tw[m] = w_Lmax^m), times the constant w_(2^(t+1))^(j mod 2^t) (turn).
+template <typename F, bool Inv, int R>
+__device__ void radix_pass(Cx<F>* z, const Cx<F>* tw, const FftDims& d, int a, int lsa, int lh) {
+  constexpr int E = 1 << R;
+  const int La = d.L[a], lgLa = d.lg[a], h = 1 << lh, lgper = d.lgP - R;
+  for (int t = threadIdx.x; t < d.pairs << lgper; t += blockDim.x) {
+    const int pr = t >> lgper, b = t & ((1 << lgper) - 1);
+    const int lo = b & ((1 << lsa) - 1), rest = b >> lsa;
+    const int q = rest & ((La >> R) - 1), hi = rest >> (lgLa - R);
+    const int k = q & (h - 1), i0 = ((q >> lh) << (lh + R)) + k;
+    Cx<F>* zp = z + pr * d.P;
+    const int e0 = (((hi << lgLa) + i0) << lsa) + lo, s = h << lsa;
+    Cx<F> x[E];
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = zp[zpos(e0 + j * s)];
+#pragma unroll
+    for (int st = 0; st < R; ++st) {
+      Cx<F> wk = tw[k << (d.lgLmax - lh - st - 1)];
+      if (Inv) wk.im = -wk.im;
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        if (j & (1 << st)) continue;
+        const Cx<F> y = cmul(x[j + (1 << st)], turn<F, Inv>(wk, st, j & ((1 << st) - 1)));
+        x[j + (1 << st)] = Cx<F>{x[j].re - y.re, x[j].im - y.im};
+        x[j] = Cx<F>{x[j].re + y.re, x[j].im + y.im};
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < E; ++j) zp[zpos(e0 + j * s)] = x[j];
+  }
+  __syncthreads();
+}
+
+// In-place decimation-in-time passes along every axis over all pairs of the CTA (input
+// bit-reversed per axis, output natural; inverse: exp(+2 pi i jk / L), unscaled): radix-2^3
+// passes, then one of radix 2^2 or 2 for the remaining stages, so a 32-point axis costs two
+// barriers. Stages below skip_a along axis a count as done (see FwdJob).
+template <typename F, bool Inv>
+__device__ __forceinline__ void fft_passes(Cx<F>* z, const Cx<F>* tw, const FftDims& d,
+                                           int skip0, int skip1, int skip2) {
   for (int a = 2; a >= 0; --a) {
-    const int La = d.L[a], lgLa = d.lg[a];
-    if (La == 1) continue;
-    const int lsa = pass_stride_log(d, a);
-    int lh = 0;
-    for (; lh + 1 < lgLa; lh += 2) {
-      const int h = 1 << lh;
-      for (int t = threadIdx.x; t < nb4; t += blockDim.x) {
-        const int pr = t >> (d.lgP - 2), b = t & (quarter_p - 1);
-        const int lo = b & ((1 << lsa) - 1), rest = b >> lsa;
-        const int q = rest & ((La >> 2) - 1), hi = rest >> (lgLa - 2);
-        const int k = q & (h - 1), i0 = ((q >> lh) << (lh + 2)) + k;
-        Cx<F>* e = z + pr * d.P + (((hi << lgLa) + i0) << lsa) + lo;
-        const int s = h << lsa;
-        Cx<F> w1 = tw[k << (d.lgLmax - lh - 1)], w2 = tw[k << (d.lgLmax - lh - 2)];
-        if (Inv) w1.im = -w1.im, w2.im = -w2.im;
-        const Cx<F> x1 = cmul(e[s], w1), x3 = cmul(e[3 * s], w1), x0 = e[0], x2 = e[2 * s];
-        const Cx<F> b0{x0.re + x1.re, x0.im + x1.im}, b1{x0.re - x1.re, x0.im - x1.im};
-        const Cx<F> b2{x2.re + x3.re, x2.im + x3.im}, b3{x2.re - x3.re, x2.im - x3.im};
-        const Cx<F> c2 = cmul(b2, w2), t3 = cmul(b3, w2);
-        // w_4h^(k+h) b3 = t3 * (-i) forward, t3 * (+i) inverse.
-        const Cx<F> c3 = Inv ? Cx<F>{-t3.im, t3.re} : Cx<F>{t3.im, -t3.re};
-        e[0] = Cx<F>{b0.re + c2.re, b0.im + c2.im};
-        e[2 * s] = Cx<F>{b0.re - c2.re, b0.im - c2.im};
-        e[s] = Cx<F>{b1.re + c3.re, b1.im + c3.im};
-        e[3 * s] = Cx<F>{b1.re - c3.re, b1.im - c3.im};
-      }
-      __syncthreads();
-    }
-    for (; lh < lgLa; ++lh) {
-      const int h = 1 << lh;
-      for (int t = threadIdx.x; t < nb; t += blockDim.x) {
-        const int pr = t >> (d.lgP - 1), b = t & (half_p - 1);
-        const int lo = b & ((1 << lsa) - 1), rest = b >> lsa;
-        const int q = rest & ((La >> 1) - 1), hi = rest >> (lgLa - 1);
-        const int k = q & (h - 1), i0 = ((q >> lh) << (lh + 1)) + k;
-        const int e0 = pr * d.P + (((hi << lgLa) + i0) << lsa) + lo, e1 = e0 + (h << lsa);
-        Cx<F> w = tw[k << (d.lgLmax - lh - 1)];
-        if (Inv) w.im = -w.im;
-        const Cx<F> x0 = z[e0], y = z[e1];
-        const F x1r = y.re * w.re - y.im * w.im, x1i = y.re * w.im + y.im * w.re;
-        z[e0] = Cx<F>{x0.re + x1r, x0.im + x1i};
-        z[e1] = Cx<F>{x0.re - x1r, x0.im - x1i};
-      }
-      __syncthreads();
-    }
+    if (d.L[a] == 1) continue;
+    const int lsa = pass_stride_log(d, a), lg = d.lg[a];
+    int lh = a == 2 ? skip2 : a == 1 ? skip1 : skip0;
+    for (; lh + 3 <= lg; lh += 3) radix_pass<F, Inv, 3>(z, tw, d, a, lsa, lh);
+    if (lg - lh == 2) radix_pass<F, Inv, 2>(z, tw, d, a, lsa, lh);
+    if (lg - lh == 1) radix_pass<F, Inv, 1>(z, tw, d, a, lsa, lh);
   }
 }
 
@@ -262,63 +288,113 @@ size_t transform_smem(const FftDims& d) {
          sizeof(SigGeom) * 2 * d.pairs;
 }
 
-// Spectra of signals [s0, s0 + 2 pairs) of `map` into dst[bin * ld + s].
+// One forward-transform job: the spectra of the signals of `map` into dst[bin * ld + s], in
+// `blocks` CTAs of 2 * pairs signals. skip[a]: every window of the map lies in [0, L_a >> skip),
+// so the first skip radix-2 stages along axis a are copies (below) and are not computed.
 template <typename In, typename F>
-__global__ void __launch_bounds__(kThreads)
-fft_forward_kernel(const In* __restrict__ src, SigMap map, FftDims d, Cx<F>* __restrict__ dst,
-                   i64 ld) {
-  extern __shared__ __align__(16) unsigned char fft_smem[];
-  Cx<F>* z = reinterpret_cast<Cx<F>*>(fft_smem);
-  Cx<F>* tw = z + d.pairs * d.P;
-  SigGeom* geo = reinterpret_cast<SigGeom*>(tw + d.Lmax / 2);
+struct FwdJob {
+  const In* src;
+  SigMap map;
+  Cx<F>* dst;
+  i64 ld;
+  i64 blocks;
+  int skip[3];
+};
+
+// Leading DIT stages that a window [0, whi) of an axis of length L (log lg) leaves trivial: with
+// x zero beyond L / 2^s, after s stages every block of 2^s bit-reversed positions holds the
+// 2^s-point DFT of (x[m], 0, ..., 0), i.e. x[m] repeated, m = the natural index mod L / 2^s.
+int trivial_stages(i64 whi, int lg) {
+  int s = 0;
+  while (s < lg && whi <= (i64{1} << (lg - s - 1))) ++s;
+  return s;
+}
+
+template <typename In, typename F>
+__device__ __forceinline__ void fft_forward_block(const FwdJob<In, F>& jb, const FftDims& d,
+                                                  i64 block, Cx<F>* z, Cx<F>* tw, SigGeom* geo) {
+  const SigMap& map = jb.map;
   const int nsig = 2 * d.pairs;
-  const i64 s0 = static_cast<i64>(blockIdx.x) * nsig;
-  fill_twiddles(tw, d);
+  const i64 s0 = block * nsig;
   for (int s = threadIdx.x; s < nsig; s += blockDim.x) geo[s] = signal_geom(map, s0 + s);
   __syncthreads();
-  // Gather: pair index fastest, so neighbouring threads read neighbouring channels (NHWC).
-  for (int idx = threadIdx.x; idx < d.pairs * d.P; idx += blockDim.x) {
-    const int pr = idx & (d.pairs - 1), pos = idx >> d.lgpairs;
-    int j[3];
-    split_pos(d, pos, j);
-    F v[2];
-    for (int h = 0; h < 2; ++h) {
-      const SigGeom& g = geo[2 * pr + h];
-      v[h] = F(0);
-      if (g.base >= 0 && j[0] >= g.lo[0] && j[0] < g.hi[0] && j[1] >= g.lo[1] &&
-          j[1] < g.hi[1] && j[2] >= g.lo[2] && j[2] < g.hi[2])
-        v[h] = static_cast<F>(to_f(src[g.base + (g.org[0] + j[0]) * map.sp[0] +
-                                        (g.org[1] + j[1]) * map.sp[1] +
-                                        (g.org[2] + j[2]) * map.sp[2]]));
+  // Gather: pair index fastest, so neighbouring threads read neighbouring channels (NHWC);
+  // kBatch points per thread with all their loads issued before the stores.
+  // Position j holds x[j mod (L >> skip)] per axis: the skipped stages' output (see FwdJob).
+  const int mask[3] = {(d.L[0] >> jb.skip[0]) - 1, (d.L[1] >> jb.skip[1]) - 1,
+                       (d.L[2] >> jb.skip[2]) - 1};
+  const int total = d.pairs * d.P;
+  for (int base = threadIdx.x; base < total; base += kBatch * blockDim.x) {
+    F v[kBatch][2];
+    int at[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * blockDim.x;
+      const int pr = idx & (d.pairs - 1), pos = idx >> d.lgpairs;
+      int j[3];
+      split_pos(d, pos, j);
+      at[u] = pr * d.P + zpos(reversed_pos(d, j));
+      const int x0 = j[0] & mask[0], x1 = j[1] & mask[1], x2 = j[2] & mask[2];
+      for (int h = 0; h < 2; ++h) {
+        const SigGeom& g = geo[2 * pr + h];
+        v[u][h] = F(0);
+        if (idx < total && g.base >= 0 && x0 >= g.lo[0] && x0 < g.hi[0] && x1 >= g.lo[1] &&
+            x1 < g.hi[1] && x2 >= g.lo[2] && x2 < g.hi[2])
+          v[u][h] = static_cast<F>(to_f(jb.src[g.base + (g.org[0] + x0) * map.sp[0] +
+                                                (g.org[1] + x1) * map.sp[1] +
+                                                (g.org[2] + x2) * map.sp[2]]));
+      }
     }
-    z[pr * d.P + reversed_pos(d, j)] = Cx<F>{v[0], v[1]};
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (base + u * static_cast<int>(blockDim.x) < total) z[at[u]] = Cx<F>{v[u][0], v[u][1]};
   }
+  fill_twiddles(tw, d);  // after the gather's loads: its latency hides behind theirs
   __syncthreads();
-  fft_passes<F, false>(z, tw, d);
-  // Separate the pairs' half spectra; signal index fastest (coalesced stores).
-  for (int idx = threadIdx.x; idx < nsig * d.bins; idx += blockDim.x) {
-    const int sl = idx & (nsig - 1), bin = idx >> (d.lgpairs + 1);
-    if (s0 + sl >= map.nsig) continue;
+  fft_passes<F, false>(z, tw, d, jb.skip[0], jb.skip[1], jb.skip[2]);
+  // Separate the pairs' half spectra, one thread per (bin, pair): signal index fastest
+  // (coalesced stores).
+  for (int idx = threadIdx.x; idx < d.pairs * d.bins; idx += blockDim.x) {
+    const int pr = idx & (d.pairs - 1), bin = idx >> d.lgpairs;
+    const i64 sa = s0 + 2 * pr;
+    if (sa >= map.nsig) continue;
     const int v = bin % d.H2, u01 = bin / d.H2;
     const int u1 = u01 & (d.L[1] - 1), u0 = u01 >> d.lg[1];
     const int mu0 = (d.L[0] - u0) & (d.L[0] - 1), mu1 = (d.L[1] - u1) & (d.L[1] - 1);
     const int mv = (d.L[2] - v) & (d.L[2] - 1);
-    const Cx<F>* zp = z + (sl >> 1) * d.P;
-    const Cx<F> p = zp[(((u0 << d.lg[1]) + u1) << d.lg[2]) + v];
-    const Cx<F> m = zp[(((mu0 << d.lg[1]) + mu1) << d.lg[2]) + mv];
-    Cx<F> o;
-    if ((sl & 1) == 0)
-      o = Cx<F>{F(0.5) * (p.re + m.re), F(0.5) * (p.im - m.im)};
-    else
-      o = Cx<F>{F(0.5) * (p.im + m.im), F(0.5) * (m.re - p.re)};
-    dst[bin * ld + s0 + sl] = o;
+    const Cx<F>* zp = z + pr * d.P;
+    const Cx<F> p = zp[zpos((((u0 << d.lg[1]) + u1) << d.lg[2]) + v)];
+    const Cx<F> m = zp[zpos((((mu0 << d.lg[1]) + mu1) << d.lg[2]) + mv)];
+    Cx<F>* o = jb.dst + bin * jb.ld + sa;
+    o[0] = Cx<F>{F(0.5) * (p.re + m.re), F(0.5) * (p.im - m.im)};
+    if (sa + 1 < map.nsig) o[1] = Cx<F>{F(0.5) * (p.im + m.im), F(0.5) * (m.re - p.re)};
   }
+}
+
+// Two forward jobs in one launch (the filter and the activations, or x and dy): blocks
+// [0, j0.blocks) run j0, the rest j1 (j1.blocks may be 0). Each branch reads its own kernel
+// parameter, so no parameter is indexed at run time.
+// fp32: at most 40 registers, 6 CTAs of 256 threads per SM (inc_5x5's filter + input
+// transforms, 768 CTAs, in one wave).
+template <typename In, typename F>
+__global__ void __launch_bounds__(kThreads, sizeof(F) == 4 ? 6 : 1)
+fft_forward_kernel(FwdJob<In, F> j0, FwdJob<In, F> j1, FftDims d) {
+  extern __shared__ __align__(16) unsigned char fft_smem[];
+  Cx<F>* z = reinterpret_cast<Cx<F>*>(fft_smem);
+  Cx<F>* tw = z + d.pairs * d.P;
+  SigGeom* geo = reinterpret_cast<SigGeom*>(tw + d.Lmax / 2);
+  const i64 b = blockIdx.x;
+  if (b < j0.blocks)
+    fft_forward_block(j0, d, b, z, tw, geo);
+  else
+    fft_forward_block(j1, d, b - j0.blocks, z, tw, geo);
 }
 
 // Inverse of the half spectra src[bin * ld + s] of signals [s0, s0 + 2 pairs), times scale,
 // stored into the windows of `map` in the output dtype.
+// fp32: at most 48 registers, 5 CTAs per SM (inc_5x5's 512 inverse CTAs in one wave).
 template <typename Out, typename F>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, sizeof(F) == 4 ? 5 : 1)
 fft_inverse_kernel(const Cx<F>* __restrict__ src, i64 ld, SigMap map, FftDims d,
                    Out* __restrict__ dst, F scale) {
   extern __shared__ __align__(16) unsigned char fft_smem[];
@@ -327,33 +403,46 @@ fft_inverse_kernel(const Cx<F>* __restrict__ src, i64 ld, SigMap map, FftDims d,
   SigGeom* geo = reinterpret_cast<SigGeom*>(tw + d.Lmax / 2);
   const int nsig = 2 * d.pairs;
   const i64 s0 = static_cast<i64>(blockIdx.x) * nsig;
-  fill_twiddles(tw, d);
   for (int s = threadIdx.x; s < nsig; s += blockDim.x) geo[s] = signal_geom(map, s0 + s);
-  // Z = A + i B over the full spectrum: for v < H2 directly, (ar - bi, ai + br); otherwise from
-  // the mirrored bin (A(u) = conj A(-u), likewise B): (ar + bi, br - ai).
-  for (int idx = threadIdx.x; idx < d.pairs * d.P; idx += blockDim.x) {
-    const int pr = idx & (d.pairs - 1), pos = idx >> d.lgpairs;
-    int j[3];
-    split_pos(d, pos, j);
-    const bool direct = j[2] < d.H2;
-    const int u0 = direct ? j[0] : (d.L[0] - j[0]) & (d.L[0] - 1);
-    const int u1 = direct ? j[1] : (d.L[1] - j[1]) & (d.L[1] - 1);
-    const int v = direct ? j[2] : d.L[2] - j[2];
-    const i64 bin = (static_cast<i64>(u0) * d.L[1] + u1) * d.H2 + v;
-    const i64 sa = s0 + 2 * pr;
-    const Cx<F> zero{F(0), F(0)};
-    const Cx<F> A = sa < map.nsig ? src[bin * ld + sa] : zero;
-    const Cx<F> B = sa + 1 < map.nsig ? src[bin * ld + sa + 1] : zero;
-    z[pr * d.P + reversed_pos(d, j)] =
-        direct ? Cx<F>{A.re - B.im, A.im + B.re} : Cx<F>{A.re + B.im, B.re - A.im};
+  // Z = A + i B over the full spectrum, each stored bin read once: at u (v < H2) directly,
+  // (ar - bi, ai + br); at its mirror -u (when distinct: 0 < v < L2 / 2) from A(-u) =
+  // conj A(u), likewise B: (ar + bi, br - ai).
+  const int total = d.pairs * d.bins;
+  for (int base = threadIdx.x; base < total; base += kBatch * blockDim.x) {
+    Cx<F> A[kBatch], B[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {  // kBatch bins per thread: all loads first
+      const int idx = base + u * blockDim.x;
+      const i64 bin = idx >> d.lgpairs, sa = s0 + 2 * (idx & (d.pairs - 1));
+      const bool in = idx < total;
+      A[u] = in && sa < map.nsig ? src[bin * ld + sa] : Cx<F>{F(0), F(0)};
+      B[u] = in && sa + 1 < map.nsig ? src[bin * ld + sa + 1] : Cx<F>{F(0), F(0)};
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * blockDim.x;
+      if (idx >= total) break;
+      const int pr = idx & (d.pairs - 1), bin = idx >> d.lgpairs;
+      const int v = bin % d.H2, u01 = bin / d.H2;
+      int j[3] = {u01 >> d.lg[1], u01 & (d.L[1] - 1), v};
+      Cx<F>* zp = z + pr * d.P;
+      zp[zpos(reversed_pos(d, j))] = Cx<F>{A[u].re - B[u].im, A[u].im + B[u].re};
+      if (v > 0 && 2 * v < d.L[2]) {
+        j[0] = (d.L[0] - j[0]) & (d.L[0] - 1);
+        j[1] = (d.L[1] - j[1]) & (d.L[1] - 1);
+        j[2] = d.L[2] - v;
+        zp[zpos(reversed_pos(d, j))] = Cx<F>{A[u].re + B[u].im, B[u].re - A[u].im};
+      }
+    }
   }
+  fill_twiddles(tw, d);  // after the loads above: its latency hides behind theirs
   __syncthreads();
-  fft_passes<F, true>(z, tw, d);
+  fft_passes<F, true>(z, tw, d, 0, 0, 0);
   for (int idx = threadIdx.x; idx < d.pairs * d.P; idx += blockDim.x) {
     const int pr = idx & (d.pairs - 1), pos = idx >> d.lgpairs;
     int j[3];
     split_pos(d, pos, j);
-    const Cx<F> r = z[pr * d.P + pos];
+    const Cx<F> r = z[pr * d.P + zpos(pos)];
     for (int h = 0; h < 2; ++h) {
       const SigGeom& g = geo[2 * pr + h];
       if (g.base >= 0 && j[0] >= g.lo[0] && j[0] < g.hi[0] && j[1] >= g.lo[1] &&
@@ -369,62 +458,71 @@ fft_inverse_kernel(const Cx<F>* __restrict__ src, i64 ld, SigMap map, FftDims d,
 // Per-(bin, group) complex matrix product:
 //   C[m][n] (+)= sum_k A[m][k] . op(B[k][n]),  op = conj when conj_b,
 // element (m, k) of A at a + bin * a_bin + g * a_g + m * a_m + k * a_k (likewise B and C).
-constexpr int kBM = 32, kBN = 64, kBK = 16, kGemmThreads = 128, kPad = 2;
+// Tiles kBM x BN x kBK: BN = 64, or 32 when N <= 32 (bwd-data's input channels: no idle half
+// tile); 8 x BN / 4 threads of 4 x 4 complex outputs. kBK, the reduction slab per barrier pair:
+// 32 in fp32 (inc_5x5's 32 channels in one slab), 16 in fp64 (within 48 KiB of shared memory).
+constexpr int kBM = 32, kPad = 2;
+template <typename F>
+constexpr int kBK = sizeof(F) == 4 ? 32 : 16;
 
+// Offsets within one (bin, group) are ints (fewer registers; the host checks that they fit).
 struct GemmArgs {
-  i64 M, N, Kr, G, bins, mt, nt;
-  i64 a_bin, a_g, a_m, a_k;
-  i64 b_bin, b_g, b_k, b_n;
-  i64 c_bin, c_g, c_m, c_n;
+  int M, N, Kr;
+  int a_m, a_k, b_k, b_n, c_m, c_n;
+  i64 G, bins, mt, nt;
+  i64 a_bin, a_g, b_bin, b_g, c_bin, c_g;
   bool conj_b, accumulate;
 };
 
-template <typename F>
+template <typename F, int BN>
 size_t gemm_smem() {
-  return sizeof(Cx<F>) * kBK * ((kBM + kPad) + (kBN + kPad));
+  return sizeof(Cx<F>) * kBK<F> * ((kBM + kPad) + (BN + kPad));
 }
 
-template <typename F>
-__global__ void __launch_bounds__(kGemmThreads)
+// fp32: 320 / BN CTAs of 2 BN threads per SM (at most 96 / 102 registers): inc_5x5's 544 (bin)
+// CTAs in one wave over 132 SMs; the 128 registers it took unbounded allowed only 4 per SM.
+template <typename F, int BN>
+__global__ void __launch_bounds__(2 * BN, sizeof(F) == 4 ? 320 / BN : 1)
 cgemm_kernel(const Cx<F>* __restrict__ A, const Cx<F>* __restrict__ B, Cx<F>* __restrict__ C,
              GemmArgs g) {
+  constexpr int BK = kBK<F>, TC = BN / 4, T = 8 * TC;
   extern __shared__ __align__(16) unsigned char fft_smem[];
-  Cx<F>* As = reinterpret_cast<Cx<F>*>(fft_smem);  // [kBK][kBM + kPad]
-  Cx<F>* Bs = As + kBK * (kBM + kPad);              // [kBK][kBN + kPad]
-  const i64 id = blockIdx.x;
-  const i64 tn = id % g.nt, tm = id / g.nt % g.mt, bg = id / (g.nt * g.mt);
-  const i64 bin = bg / g.G, grp = bg % g.G;
-  const i64 m0 = tm * kBM, n0 = tn * kBN;
+  Cx<F>* As = reinterpret_cast<Cx<F>*>(fft_smem);  // [BK][kBM + kPad]
+  Cx<F>* Bs = As + BK * (kBM + kPad);              // [BK][BN + kPad]
+  const i64 id = blockIdx.x, q = quot(id, g.nt), bg = quot(q, g.mt), bin = quot(bg, g.G);
+  const int m0 = static_cast<int>(q - bg * g.mt) * kBM, n0 = static_cast<int>(id - q * g.nt) * BN;
+  const i64 grp = bg - bin * g.G;
   const Cx<F>* Ab = A + bin * g.a_bin + grp * g.a_g;
   const Cx<F>* Bb = B + bin * g.b_bin + grp * g.b_g;
   Cx<F>* Cb = C + bin * g.c_bin + grp * g.c_g;
-  // 8 x 16 threads, each rows rm + 8 i and columns cn + 16 j (i, j < 4): a half-warp reads 16
-  // consecutive B elements (no bank conflicts) and stores 16 consecutive C elements.
-  const int rm = threadIdx.x / 16, cn = threadIdx.x % 16;
+  // 8 x TC threads, each rows rm + 8 i and columns cn + TC j (i, j < 4): TC neighbouring
+  // threads read TC consecutive B elements (no bank conflicts) and store TC consecutive C ones.
+  const int rm = threadIdx.x / TC, cn = threadIdx.x % TC;
   const F sgn = g.conj_b ? F(-1) : F(1);
   F accr[4][4], acci[4][4];
   for (int i = 0; i < 4; ++i)
     for (int jj = 0; jj < 4; ++jj) accr[i][jj] = acci[i][jj] = F(0);
   const Cx<F> zero{F(0), F(0)};
-  for (i64 k0 = 0; k0 < g.Kr; k0 += kBK) {
+  for (int k0 = 0; k0 < g.Kr; k0 += BK) {
     // Tiles in, the unit-stride index along consecutive threads.
-    for (int e = threadIdx.x; e < kBM * kBK; e += kGemmThreads) {
-      const int kk = g.a_k == 1 ? e % kBK : e / kBM, mm = g.a_k == 1 ? e / kBK : e % kBM;
-      const i64 gm = m0 + mm, gk = k0 + kk;
+    for (int e = threadIdx.x; e < kBM * BK; e += T) {
+      const int kk = g.a_k == 1 ? e % BK : e / kBM, mm = g.a_k == 1 ? e / BK : e % kBM;
+      const int gm = m0 + mm, gk = k0 + kk;
       As[kk * (kBM + kPad) + mm] = gm < g.M && gk < g.Kr ? Ab[gm * g.a_m + gk * g.a_k] : zero;
     }
-    for (int e = threadIdx.x; e < kBN * kBK; e += kGemmThreads) {
-      const int nn = g.b_n == 1 ? e % kBN : e / kBK, kk = g.b_n == 1 ? e / kBN : e % kBK;
-      const i64 gn = n0 + nn, gk = k0 + kk;
-      Bs[kk * (kBN + kPad) + nn] = gn < g.N && gk < g.Kr ? Bb[gk * g.b_k + gn * g.b_n] : zero;
+    for (int e = threadIdx.x; e < BN * BK; e += T) {
+      const int nn = g.b_n == 1 ? e % BN : e / BK, kk = g.b_n == 1 ? e / BN : e % BK;
+      const int gn = n0 + nn, gk = k0 + kk;
+      Bs[kk * (BN + kPad) + nn] = gn < g.N && gk < g.Kr ? Bb[gk * g.b_k + gn * g.b_n] : zero;
     }
     __syncthreads();
-#pragma unroll 4
-    for (int kk = 0; kk < kBK; ++kk) {
+    const int kn = min(BK, g.Kr - k0);  // a short last slab (or few channels) stops early
+#pragma unroll 1
+    for (int kk = 0; kk < kn; ++kk) {
       Cx<F> a[4], b[4];
       for (int i = 0; i < 4; ++i) a[i] = As[kk * (kBM + kPad) + rm + 8 * i];
       for (int jj = 0; jj < 4; ++jj) {
-        b[jj] = Bs[kk * (kBN + kPad) + cn + 16 * jj];
+        b[jj] = Bs[kk * (BN + kPad) + cn + TC * jj];
         b[jj].im *= sgn;
       }
       for (int i = 0; i < 4; ++i)
@@ -438,10 +536,10 @@ cgemm_kernel(const Cx<F>* __restrict__ A, const Cx<F>* __restrict__ B, Cx<F>* __
     __syncthreads();
   }
   for (int i = 0; i < 4; ++i) {
-    const i64 gm = m0 + rm + 8 * i;
+    const int gm = m0 + rm + 8 * i;
     if (gm >= g.M) continue;
     for (int jj = 0; jj < 4; ++jj) {
-      const i64 gn = n0 + cn + 16 * jj;
+      const int gn = n0 + cn + TC * jj;
       if (gn >= g.N) continue;
       Cx<F>* c = Cb + gm * g.c_m + gn * g.c_n;
       Cx<F> v{accr[i][jj], acci[i][jj]};
@@ -617,7 +715,7 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
     return e == cudaSuccess ? "" : std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
   }
   const FftDims d = dims_of(pl);
-  const size_t tsmem = transform_smem<F>(d), gsmem = gemm_smem<F>();
+  const size_t tsmem = transform_smem<F>(d);
   if (std::string e = allow_smem(fft_forward_kernel<In, F>, tsmem); !e.empty()) return e;
   if (std::string e = allow_smem(fft_inverse_kernel<Out, F>, tsmem); !e.empty()) return e;
   unsigned char* ws = static_cast<unsigned char*>(io.workspace);
@@ -670,14 +768,22 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
     whi_dx[a] = p.filt[a] - 1 + pl.To[a];
   }
 
-  auto forward = [&](const In* src, const SigMap& m, Cx<F>* dst, i64 ld) -> std::string {
-    const i64 blocks = cdiv(m.nsig, 2 * d.pairs);
+  // A forward job over all signals of m; its skipped stages from the map's windows.
+  auto job = [&](const In* src, const SigMap& m, Cx<F>* dst, i64 ld) {
+    FwdJob<In, F> jb{src, m, dst, ld, cdiv(m.nsig, 2 * d.pairs), {0, 0, 0}};
+    for (int a = 0; a < 3; ++a) jb.skip[a] = trivial_stages(m.whi[a], d.lg[a]);
+    return jb;
+  };
+  // One launch for one or two jobs.
+  auto forward = [&](const FwdJob<In, F>& j0, FwdJob<In, F> j1) -> std::string {
+    const i64 blocks = j0.blocks + j1.blocks;
     if (blocks == 0) return "";
     if (blocks > INT32_MAX) return "FFT transform: too many signals for one launch";
     fft_forward_kernel<In, F><<<static_cast<unsigned>(blocks), kThreads, tsmem, io.stream>>>(
-        src, m, d, dst, ld);
+        j0, j1, d);
     return launch_error("forward transform");
   };
+  FwdJob<In, F> none{};
   auto inverse = [&](const Cx<F>* src, i64 ld, const SigMap& m, Out* dst) -> std::string {
     const i64 blocks = cdiv(m.nsig, 2 * d.pairs);
     if (blocks == 0) return "";
@@ -686,14 +792,30 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
         src, ld, m, d, dst, F(1) / static_cast<F>(pl.points));
     return launch_error("inverse transform");
   };
-  auto gemm = [&](const Cx<F>* A, const Cx<F>* B, Cx<F>* C, GemmArgs g) -> std::string {
-    g.mt = cdiv(g.M, kBM), g.nt = cdiv(g.N, kBN);
+  // The channel product over all bins and groups; M, N, Kr and the strides within a (bin, group)
+  // as i64 here, checked to fit the kernel's ints.
+  auto gemm = [&](const Cx<F>* A, const Cx<F>* B, Cx<F>* C, i64 M, i64 N, i64 Kr, i64 a_m,
+                  i64 a_k, i64 b_k, i64 b_n, i64 c_m, i64 c_n, GemmArgs g) -> std::string {
+    const i64 span = std::max({(M - 1) * a_m + (Kr - 1) * a_k, (Kr - 1) * b_k + (N - 1) * b_n,
+                               (M - 1) * c_m + (N - 1) * c_n, M, N, Kr});
+    if (span >= INT32_MAX)
+      return "FFT channel product: a frequency's matrices exceed 2^31 elements";
+    g.M = static_cast<int>(M), g.N = static_cast<int>(N), g.Kr = static_cast<int>(Kr);
+    g.a_m = static_cast<int>(a_m), g.a_k = static_cast<int>(a_k);
+    g.b_k = static_cast<int>(b_k), g.b_n = static_cast<int>(b_n);
+    g.c_m = static_cast<int>(c_m), g.c_n = static_cast<int>(c_n);
+    const bool narrow = N <= 32;
+    g.mt = cdiv(M, kBM), g.nt = cdiv(N, narrow ? 32 : 64);
     const i64 blocks = g.bins * g.G * g.mt * g.nt;
     if (blocks == 0) return "";
     if (blocks > INT32_MAX) return "FFT channel product: grid of " + std::to_string(blocks) +
                                    " blocks exceeds the launch limit";
-    cgemm_kernel<F><<<static_cast<unsigned>(blocks), kGemmThreads, gsmem, io.stream>>>(A, B, C,
-                                                                                      g);
+    if (narrow)
+      cgemm_kernel<F, 32><<<static_cast<unsigned>(blocks), 64, gemm_smem<F, 32>(), io.stream>>>(
+          A, B, C, g);
+    else
+      cgemm_kernel<F, 64><<<static_cast<unsigned>(blocks), 128, gemm_smem<F, 64>(), io.stream>>>(
+          A, B, C, g);
     return launch_error("channel product");
   };
 
@@ -702,21 +824,28 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
   Out* out = static_cast<Out*>(io.out);
   if (op != ConvOp::kBackwardFilter) {
     const bool fwd = op == ConvOp::kForward;
-    if (std::string e = forward(b_src, fm, SP, fm.nsig); !e.empty()) return e;
+    const FwdJob<In, F> filter_job = job(b_src, fm, SP, fm.nsig);
     const i64* a_ext = fwd ? p.in : p.out;   // x or dy
     const i64* o_ext = fwd ? p.out : p.in;   // y or dx
     const i64 I = fwd ? Cg : Kg;             // reduction per group
     for (i64 r0 = 0; r0 < pl.rows; r0 += pl.chunk) {
       const i64 nr = std::min(pl.chunk, pl.rows - r0);
       const SigMap am = act_map(sh.Ci, a_ext, off_in, zero3, win_in, r0, nr);
-      if (std::string e = forward(a_src, am, SA, nr * sh.Ci); !e.empty()) return e;
+      // The filter's transform rides along with the first chunk's, after it (its blocks are
+      // the shorter ones: fewer stages).
+      const FwdJob<In, F> act_job = job(a_src, am, SA, nr * sh.Ci);
+      if (std::string e = forward(act_job, r0 == 0 ? filter_job : none);
+          !e.empty())
+        return e;
       GemmArgs g{};
-      g.M = nr, g.N = sh.p_cols, g.Kr = I, g.G = G, g.bins = pl.bins;
-      g.a_bin = nr * sh.Ci, g.a_g = I, g.a_m = sh.Ci, g.a_k = 1;
-      g.b_bin = sh.p_rows * sh.p_cols, g.b_g = I * sh.p_cols, g.b_k = sh.p_cols, g.b_n = 1;
-      g.c_bin = nr * sh.Co, g.c_g = sh.p_cols, g.c_m = sh.Co, g.c_n = 1;
+      g.G = G, g.bins = pl.bins;
+      g.a_bin = nr * sh.Ci, g.a_g = I;
+      g.b_bin = sh.p_rows * sh.p_cols, g.b_g = I * sh.p_cols;
+      g.c_bin = nr * sh.Co, g.c_g = sh.p_cols;
       g.conj_b = fwd;
-      if (std::string e = gemm(SA, SP, SQ, g); !e.empty()) return e;
+      if (std::string e = gemm(SA, SP, SQ, nr, sh.p_cols, I, sh.Ci, 1, sh.p_cols, 1, sh.Co, 1, g);
+          !e.empty())
+        return e;
       const SigMap om = fwd ? act_map(sh.Co, o_ext, zero3, zero3, win_out, r0, nr)
                             : act_map(sh.Co, o_ext, off_dx, wlo_dx, whi_dx, r0, nr);
       if (std::string e = inverse(SQ, nr * sh.Co, om, out); !e.empty()) return e;
@@ -727,17 +856,19 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
   for (i64 r0 = 0; r0 < pl.rows; r0 += pl.chunk) {
     const i64 nr = std::min(pl.chunk, pl.rows - r0);
     const SigMap xm = act_map(p.C, p.in, off_in, zero3, win_in, r0, nr);
-    if (std::string e = forward(a_src, xm, SA, nr * p.C); !e.empty()) return e;
     const SigMap dm = act_map(p.K, p.out, zero3, zero3, win_out, r0, nr);
-    if (std::string e = forward(b_src, dm, SQ, nr * p.K); !e.empty()) return e;
+    if (std::string e = forward(job(a_src, xm, SA, nr * p.C), job(b_src, dm, SQ, nr * p.K));
+        !e.empty())
+      return e;
     GemmArgs g{};
-    g.M = Cg, g.N = Kg, g.Kr = nr, g.G = G, g.bins = pl.bins;
-    g.a_bin = nr * p.C, g.a_g = Cg, g.a_m = 1, g.a_k = p.C;
-    g.b_bin = nr * p.K, g.b_g = Kg, g.b_k = p.K, g.b_n = 1;
-    g.c_bin = p.C * Kg, g.c_g = Cg * Kg, g.c_m = Kg, g.c_n = 1;
+    g.G = G, g.bins = pl.bins;
+    g.a_bin = nr * p.C, g.a_g = Cg;
+    g.b_bin = nr * p.K, g.b_g = Kg;
+    g.c_bin = p.C * Kg, g.c_g = Cg * Kg;
     g.conj_b = true;
     g.accumulate = r0 > 0;
-    if (std::string e = gemm(SA, SQ, SP, g); !e.empty()) return e;
+    if (std::string e = gemm(SA, SQ, SP, Cg, Kg, nr, 1, p.C, p.K, 1, Kg, 1, g); !e.empty())
+      return e;
   }
   return inverse(SP, fm.nsig, fm, out);
 }

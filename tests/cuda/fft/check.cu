@@ -252,6 +252,12 @@ std::vector<Case> cases() {
       {"filter_1x3", H, 2, 2, 5, 3, 1, {6, 7}, {1, 3}, {0, 1}, {0, 1}},
       {"filter_4x2_even", H, 2, 1, 3, 3, 1, {10, 9}, {4, 2}, {2, 0}, {1, 1}},
       {"c40_k72_wide", H, 2, 2, 40, 72, 1, {10, 10}, {3, 3}, {1, 1}, {1, 1}},
+      // 33 channels: one past the fp32 channel-product slab of 32; 65 past the 64-wide tile.
+      {"c33_k65_nchw", C, 2, 3, 33, 65, 1, {6, 5}, {3, 2}, {1, 0}, {1, 1}},
+      // A 4-tap filter in 16-point transforms: its window ends exactly at L / 4 (2 stages
+      // skipped); 3-D with lengths 16 x 8 x 4 (the filter's: 3, 2 and 1 stages left).
+      {"filter4_skip_edge", H, 2, 2, 3, 5, 1, {13, 13}, {4, 4}, {1, 2}, {2, 1}},
+      {"3d_16x8x4_groups3", C, 3, 1, 6, 3, 3, {12, 6, 2}, {5, 3, 2}, {2, 1, 0}, {2, 1, 1}},
       {"1d_filter31", H, 1, 2, 2, 3, 1, {300}, {31}, {15}, {15}},
       {"1d_filter255_nchw", C, 1, 1, 1, 4, 1, {1000}, {255}, {127}, {127}},
       {"1d_groups2", H, 1, 2, 4, 6, 2, {40}, {7}, {3}, {2}},
@@ -518,7 +524,8 @@ int main(int argc, char** argv) {
       const std::string n = c.name;
       if (n == "odd_7x9_c3k4" || n == "negpad_asym" || n == "groups3_nchw" ||
           n == "1d_groups2" || n == "3d_nhwc" || n == "image_smaller_than_filter" ||
-          n == "out_empty" || n == "c40_k72_wide")
+          n == "out_empty" || n == "c40_k72_wide" || n == "c33_k65_nchw" ||
+          n == "filter4_skip_edge" || n == "3d_16x8x4_groups3")
         q.push_back(c);
     }
     cs = q;
