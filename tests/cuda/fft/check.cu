@@ -330,8 +330,13 @@ double ref_point(const ConvProblem& p, int op, int64_t e, const std::vector<doub
 }
 
 void bench(const Layer& L, ConvAlgo algo, DType T, FILE* csv) {
+  // BENCH_LAYERS (names, comma-separated), BENCH_ITERS and BENCH_MAIN_ONLY (fp32 alone) narrow
+  // the table, e.g. for ncu (scripts/profile-fast-kernels).
+  if (const char* only = getenv("BENCH_LAYERS"); only && !strstr(only, L.name)) return;
+  if (getenv("BENCH_MAIN_ONLY") && T != DType::kF32) return;
   const ConvProblem p = layer_problem(L);
-  const int NB = 4, iters = 25;
+  const int NB = 4;
+  const int iters = getenv("BENCH_ITERS") ? std::max(2, atoi(getenv("BENCH_ITERS"))) : 25;
   const size_t eb = dtype_bytes(T);
   std::mt19937 rng(1);
   std::uniform_real_distribution<double> U(-1, 1);
