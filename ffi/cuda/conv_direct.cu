@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(256)
         }
       }
     }
-    if (g.epi.on) acc = epi_apply<Acc>(g.epi, idx, acc);
+    if (g.epi.on) acc = epi_apply<Acc>(g.epi, idx, k, acc);
     store_scalar(y, idx, acc, out_dt);
   }
 }
@@ -413,6 +413,8 @@ __global__ void __launch_bounds__(kDwThreads)
     if (f < g.taps) load16(w + (i64)f * g.K + c0, wr[f]);
   }
   const bool vec_src = BWD || g.M == 1;
+  float bias[V];  // this thread's V channels on every pixel it stores
+  if (!BWD && g.epi.on) epi_bias_run<V>(g.epi, c0, V, bias);
   const i64 npix = (i64)g.N * dsp[0] * dsp[1] * dsp[2];
   const bool small = npix < (i64(1) << 31);
   for (int it = 0; it < ppt; ++it) {
@@ -451,7 +453,7 @@ __global__ void __launch_bounds__(kDwThreads)
         }
       }
     }
-    if (!BWD && g.epi.on) epi_apply_run<V>(g.epi, pix * DCH + c0, acc);
+    if (!BWD && g.epi.on) epi_apply_run<V>(g.epi, pix * DCH + c0, bias, acc);
     store_vec<V>(out_ptr<T>(dst, pix * DCH + c0, out_f32), acc, out_f32);
   }
 }
@@ -690,7 +692,13 @@ __global__ void __launch_bounds__(kDwsThreads, (S == 7 && sizeof(T) == 4) ? 1 : 
 #pragma unroll
     for (int i = 0; i < TW; ++i) {
       if (q0 + i < a.dd[2]) {
-        if (a.epi.on) epi_apply_run<V>(a.epi, obase + (i64)i * C, acc[i]);
+        if (a.epi.on) {
+          // biases per pixel (L1 hits): kept across the TW pixels they pushed the 5x5/7x7
+          // kernels past the 128-register bound into spills
+          float bias[V];
+          epi_bias_run<V>(a.epi, c0, V, bias);
+          epi_apply_run<V>(a.epi, obase + (i64)i * C, bias, acc[i]);
+        }
         store_vec<V>(out_ptr<T>(dst, obase + (i64)i * C, a.out_f32), acc[i], a.out_f32);
       }
     }
@@ -1170,11 +1178,13 @@ __global__ void __launch_bounds__(256)
     }
     if (BWD && rr >= dsp[2]) continue;
     const i64 drow = (((i64)n * dsp[0] + a) * dsp[1] + b) * dsp[2];
+    float bias[4];  // the same 4 channels on the kPx pixels
+    if (!BWD && g.epi.on) epi_bias_run<4>(g.epi, dc0, 4, bias);
 #pragma unroll
     for (int i = 0; i < kPx; ++i) {
       const int dc = BWD ? rr + sw * (m0 + i) : m0 + i;
       if (dc < dsp[2]) {
-        if (!BWD && g.epi.on) epi_apply_run<4>(g.epi, (drow + dc) * DCH + dc0, acc[i]);
+        if (!BWD && g.epi.on) epi_apply_run<4>(g.epi, (drow + dc) * DCH + dc0, bias, acc[i]);
         store_vec<4>(out_ptr<T>(dst, (drow + dc) * DCH + dc0, out_f32), acc[i], out_f32);
       }
     }

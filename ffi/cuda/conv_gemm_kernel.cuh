@@ -860,6 +860,8 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
   const int odt = part ? (sizeof(Acc) == 8 ? DT_F64 : DT_F32) : p.out_dtype;
   void* outp = part ? p.partial : p.out;
   const bool epi = !part && p.epi.on;  // split-K applies it in splitk_reduce_kernel
+  // output channel of column n: n + kch (the epilogue runs on forward results only, ncols = Kg)
+  const long long kch = static_cast<long long>(g) * ncols;
   auto rowoff = [&](int m) -> long long {
     return part ? (pbase + m) * p.Ng : out_row_off<OP>(p, geo, m);
   };
@@ -899,6 +901,10 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
       const bool vec_ok = (reinterpret_cast<uintptr_t>(outp) & 15) == 0 && n0 + 8 <= ncols &&
                           odt != DT_F64;
       const long long amask = odt == DT_F32 ? 3 : 7;
+      const int cnt = ncols - n0 < 8 ? ncols - n0 : 8;
+      // this thread's 8 columns are the same on every row it stores: their biases load once
+      float bias[8];
+      if (epi && n0 < ncols) epi_bias_run<8>(p.epi, kch + n0, cnt, bias);
       if (n0 < ncols) {
 #pragma unroll 2
         for (int ps = 0; ps < BM / RPP; ++ps) {
@@ -912,11 +918,7 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
           float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
           const long long off = rowoff(m) + cbase + n0;
           if (epi) {
-            if (n0 + 8 <= ncols) {
-              epi_apply_run<8>(p.epi, off, v);
-            } else {
-              for (int q = 0; n0 + q < ncols; ++q) v[q] = epi_apply<float>(p.epi, off + q, v[q]);
-            }
+            epi_apply_run<8>(p.epi, off, bias, v, cnt);
             lo = make_float4(v[0], v[1], v[2], v[3]);
             hi = make_float4(v[4], v[5], v[6], v[7]);
           }
@@ -964,8 +966,8 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
           if (n >= ncols) continue;
           const long long off = ro + n * cstr;
           if (epi) {
-            v0 = epi_apply<float>(p.epi, off, v0);
-            if (n + 1 < ncols) v1 = epi_apply<float>(p.epi, off + cstr, v1);
+            v0 = epi_apply<float>(p.epi, off, kch + n, v0);
+            if (n + 1 < ncols) v1 = epi_apply<float>(p.epi, off + cstr, kch + n + 1, v1);
           }
           if (cstr == 1 && n + 1 < ncols && (off & 1) == 0) {
             st2<float>(outp, off, odt, v0, v1);
@@ -987,7 +989,7 @@ __global__ void __launch_bounds__(kNT, min_blocks<PT, OP>()) conv_gemm_kernel(co
         const int n = n_base + tx + j * SN;
         if (n < ncols) {
           const long long off = ro + n * cstr;
-          st1<Acc>(outp, off, odt, epi ? epi_apply<Acc>(p.epi, off, accs[i][j]) : accs[i][j]);
+          st1<Acc>(outp, off, odt, epi ? epi_apply<Acc>(p.epi, off, kch + n, accs[i][j]) : accs[i][j]);
         }
       }
     }
@@ -1014,7 +1016,8 @@ __global__ void splitk_reduce_kernel(const Params p) {
     for (int k = 0; k < p.splits; ++k) s += src[k * per];
     const long long off =
         out_row_off<OP>(p, geo, m) + out_col_base<OP>(p, g) + n * out_col_stride<OP>(p);
-    st1<Acc>(p.out, off, p.out_dtype, p.epi.on ? epi_apply<Acc>(p.epi, off, s) : s);
+    st1<Acc>(p.out, off, p.out_dtype,
+             p.epi.on ? epi_apply<Acc>(p.epi, off, static_cast<long long>(g) * p.Kg + n, s) : s);
   }
 }
 

@@ -289,8 +289,12 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
             float v0 = acc[mb][j * 4 + 2 * half], v1 = acc[mb][j * 4 + 2 * half + 1];
             const long long off = row + col;
             if (p.epi.on) {
-              v0 = epi_apply<float>(p.epi, off, v0);
-              v1 = epi_apply<float>(p.epi, off + 1, v1);
+              // the pair's biases are reloaded per row (L1 hits): keeping BN/4 of them across the
+              // rows would cost registers next to the live accumulators
+              float v[2] = {v0, v1}, b[2];
+              epi_bias_run<2>(p.epi, static_cast<long long>(g) * p.Kg + col, 2, b);
+              epi_apply_run<2>(p.epi, off, b, v);
+              v0 = v[0], v1 = v[1];
             }
             if (out32)
               *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
@@ -325,6 +329,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     const int col = n_base + ec * 8;
     if (col >= p.Kg) return;
     const bool full = col + 8 <= p.Kg;
+    const int cnt = full ? 8 : p.Kg - col;
+    // this thread's 8 columns are the same on every row it stores: their biases load once
+    float bias[8];
+    if (p.epi.on) epi_bias_run<8>(p.epi, static_cast<long long>(g) * p.Kg + col, cnt, bias);
     for (int r = er; r < BM; r += RPP) {
       const int m = m_base + r;
       if (m >= p.M) break;
@@ -335,11 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
           static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg + col;
       if (p.epi.on) {
         float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        if (full) {
-          epi_apply_run<8>(p.epi, off, v);
-        } else {
-          for (int q = 0; col + q < p.Kg; ++q) v[q] = epi_apply<float>(p.epi, off + q, v[q]);
-        }
+        epi_apply_run<8>(p.epi, off, bias, v, cnt);
         lo = make_float4(v[0], v[1], v[2], v[3]);
         hi = make_float4(v[4], v[5], v[6], v[7]);
       }

@@ -1,8 +1,21 @@
 // The fused-convolution epilogue on the GPU (conv_problem.h ConvEpilogue): every forward kernel
-// passes each output value, with its flat output index, through epi_apply just before it rounds
-// and stores it:  z = v + bias[k] + residual[i];  preact[i] = z (when asked);  return act(z).
-// bias, residual and preact have the output's dtype. The channel k of flat index i is i % K
-// (NHWC) or (i / pixels) % K (NCHW).
+// passes each output value, with its flat output index i and its output channel k, through the
+// epilogue just before it rounds and stores it:
+//   z = v + bias[k] + residual[i];  preact[i] = z (when asked);  return act(z).
+// bias, residual and preact have the output's dtype; the arithmetic is in the accumulator type
+// (fp32, or fp64 for f64) and the value is rounded once, at the store.
+//
+// Cost notes (H200, bf16 r50_c3_3x3 on the wgmma kernel: bias+relu took the kernel from 25 to 40 us
+// before these helpers were reshaped):
+// - The caller passes the channel k (GEMM column + group offset) instead of deriving it from the
+//   64-bit flat index (i % K, (i / pixels) % K): a 64-bit division is a ~70-instruction software
+//   routine, per value. Only epi_fill, which walks flat indices, still divides.
+// - The activation is dispatched once per run of values (epi_detail::act_run), not per value, and
+//   only the cheap piecewise-linear kinds (identity, relu, leaky_relu, clipped_relu) are inlined;
+//   the transcendental kinds call one out-of-line function. Inlining all ten kinds at every value
+//   had made ~88% of the wgmma kernel's SASS epilogue code (52k of 60k instructions at 128x128).
+// - Biases depend on the column only: epi_bias_run loads a run of them once, and the kernels
+//   keep them across the rows that a thread stores.
 #ifndef JAXDNN_CUDA_EPILOGUE_CUH_
 #define JAXDNN_CUDA_EPILOGUE_CUH_
 
@@ -22,7 +35,7 @@ struct EpiDev {
   const void* bias = nullptr;
   const void* residual = nullptr;
   void* preact = nullptr;
-  long long K = 1;       // output channels
+  long long K = 1;       // output channels (epi_fill's channel of a flat index)
   long long pixels = 1;  // output pixels per image (NCHW channel index)
   float param = 0.f;
   double param64 = 0.0;
@@ -30,6 +43,7 @@ struct EpiDev {
   int dtype = 0;         // jaxdnn::DType of the output (and of bias, residual, preact)
   bool nchw = false;
   bool on = false;       // any epilogue at all
+  bool aligned16 = false;  // bias, residual and preact 16-byte aligned: vector loads/stores allowed
 };
 
 inline EpiDev make_epi(const ConvEpilogue& e, const ConvProblem& p, DType out) {
@@ -42,6 +56,8 @@ inline EpiDev make_epi(const ConvEpilogue& e, const ConvProblem& p, DType out) {
   d.act = static_cast<int>(e.activation);
   d.dtype = static_cast<int>(out);
   d.nchw = p.layout == Layout::kNCHW;
+  d.aligned16 = ((reinterpret_cast<uintptr_t>(e.bias) | reinterpret_cast<uintptr_t>(e.residual) |
+                  reinterpret_cast<uintptr_t>(e.preact)) & 15) == 0;
   return d;
 }
 
@@ -67,72 +83,158 @@ __device__ __forceinline__ void store(void* p, long long i, int dt, A v) {
 template <class A> __device__ __forceinline__ A param_of(const EpiDev& e);
 template <> __device__ __forceinline__ float param_of<float>(const EpiDev& e) { return e.param; }
 template <> __device__ __forceinline__ double param_of<double>(const EpiDev& e) { return e.param64; }
-}  // namespace epi_detail
 
-// The epilogue of one output value v (the accumulator, before rounding) at flat index i.
-template <class A>
-__device__ __forceinline__ A epi_apply(const EpiDev& e, long long i, A v) {
-  if (e.bias) {
-    const long long k = e.nchw ? (i / e.pixels) % e.K : i % e.K;
-    v += epi_detail::load<A>(e.bias, k, e.dtype);
+// n (2, 4 or 8) 16-bit values (dt 2 = bf16, 3 = f16) at p + i, i % n == 0 and p 16-byte aligned:
+// one 4-, 8- or 16-byte access.
+template <int n>
+__device__ __forceinline__ void load16v(const void* p, long long i, int dt, float* f) {
+  static_assert(n == 2 || n == 4 || n == 8, "16-bit vector width");
+  const unsigned short* s = static_cast<const unsigned short*>(p) + i;
+  uint32_t w[n / 2];
+  if constexpr (n == 8) {
+    const uint4 u = *reinterpret_cast<const uint4*>(s);
+    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+  } else if constexpr (n == 4) {
+    const uint2 u = *reinterpret_cast<const uint2*>(s);
+    w[0] = u.x, w[1] = u.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(s);
   }
-  if (e.residual) v += epi_detail::load<A>(e.residual, i, e.dtype);
-  if (e.preact) epi_detail::store<A>(e.preact, i, e.dtype, v);
-  return activate<A>(static_cast<Activation>(e.act), v, epi_detail::param_of<A>(e));
+#pragma unroll
+  for (int j = 0; j < n / 2; ++j) {
+    if (dt == 2) {
+      f[2 * j] = __uint_as_float(w[j] << 16), f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    } else {
+      const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+      f[2 * j] = h.x, f[2 * j + 1] = h.y;
+    }
+  }
+}
+template <int n>
+__device__ __forceinline__ void store16v(void* p, long long i, int dt, const float* f) {
+  uint32_t w[n / 2];
+#pragma unroll
+  for (int j = 0; j < n / 2; ++j) {
+    if (dt == 2) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+      w[j] = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __half2 h = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
+      w[j] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+  }
+  unsigned short* d = static_cast<unsigned short*>(p) + i;
+  if constexpr (n == 8) *reinterpret_cast<uint4*>(d) = make_uint4(w[0], w[1], w[2], w[3]);
+  else if constexpr (n == 4) *reinterpret_cast<uint2*>(d) = make_uint2(w[0], w[1]);
+  else *reinterpret_cast<uint32_t*>(d) = w[0];
 }
 
-// n consecutive channels of one NHWC pixel, v[q] at flat index i + q (i + q < n never wraps to
-// the next pixel). 16-bit outputs with 16-byte aligned i take vector loads and stores.
-template <int n>
-__device__ __forceinline__ void epi_apply_run(const EpiDev& e, long long i, float* v) {
-  const bool vec = n == 8 && (e.dtype == 2 || e.dtype == 3) && (i & 7) == 0 && e.K % 8 == 0 && !e.nchw;
-  if (!vec) {
+// The transcendental kinds (elu, sigmoid, tanh, gelu, gelu_tanh, silu) out of line: their math is
+// long and would otherwise be inlined at every value of every epilogue loop; next to exp/erfc
+// the call costs little. Same function, same arithmetic as the inlined activate.
+template <class A>
+__device__ __noinline__ A activate_slow(int act, A x, A param) {
+  return activate<A>(static_cast<Activation>(act), x, param);
+}
+
+// v[q] = act(v[q]) for q < n, the kind dispatched once for the run.
+template <int n, class A>
+__device__ __forceinline__ void act_run(const EpiDev& e, A* v) {
+  const A prm = param_of<A>(e);
+  switch (static_cast<Activation>(e.act)) {
+    case Activation::kIdentity: return;
+    case Activation::kRelu:
 #pragma unroll
-    for (int q = 0; q < n; ++q) v[q] = epi_apply<float>(e, i + q, v[q]);
+      for (int q = 0; q < n; ++q) v[q] = activate<A>(Activation::kRelu, v[q], prm);
+      return;
+    case Activation::kLeakyRelu:
+#pragma unroll
+      for (int q = 0; q < n; ++q) v[q] = activate<A>(Activation::kLeakyRelu, v[q], prm);
+      return;
+    case Activation::kClippedRelu:
+#pragma unroll
+      for (int q = 0; q < n; ++q) v[q] = activate<A>(Activation::kClippedRelu, v[q], prm);
+      return;
+    default:
+#pragma unroll
+      for (int q = 0; q < n; ++q) v[q] = activate_slow<A>(e.act, v[q], prm);
+      return;
+  }
+}
+}  // namespace epi_detail
+
+// The epilogue of one output value v (the accumulator, before rounding) at flat index i, output
+// channel k.
+template <class A>
+__device__ __forceinline__ A epi_apply(const EpiDev& e, long long i, long long k, A v) {
+  if (e.bias) v += epi_detail::load<A>(e.bias, k, e.dtype);
+  if (e.residual) v += epi_detail::load<A>(e.residual, i, e.dtype);
+  if (e.preact) epi_detail::store<A>(e.preact, i, e.dtype, v);
+  epi_detail::act_run<1, A>(e, &v);
+  return v;
+}
+
+// The same where only the flat index is known (the channel costs a 64-bit division).
+template <class A>
+__device__ __forceinline__ A epi_apply_flat(const EpiDev& e, long long i, A v) {
+  const long long k = e.nchw ? (i / e.pixels) % e.K : i % e.K;
+  return epi_apply<A>(e, i, k, v);
+}
+
+// b[q] = bias[k + q] for q < cnt (cnt <= n consecutive channels; b[q] = 0 beyond and without a
+// bias). Loaded once per column run: a thread that stores several rows of the same columns keeps
+// them. A full run of 16-bit biases with k % n == 0 is one vector load.
+template <int n>
+__device__ __forceinline__ void epi_bias_run(const EpiDev& e, long long k, int cnt, float* b) {
+#pragma unroll
+  for (int q = 0; q < n; ++q) b[q] = 0.f;
+  if (!e.bias) return;
+  if ((n == 2 || n == 4 || n == 8) && cnt == n && (e.dtype == 2 || e.dtype == 3) && e.aligned16 &&
+      k % n == 0) {
+    epi_detail::load16v<n>(e.bias, k, e.dtype, b);
     return;
   }
-  auto widen = [&](const uint4& u, float* f) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (e.dtype == 2) {
-        f[2 * j] = __uint_as_float(w[j] << 16), f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-      } else {
-        const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-        f[2 * j] = h.x, f[2 * j + 1] = h.y;
-      }
-    }
-  };
-  if (e.bias) {
-    float b[8];
-    widen(*reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(e.bias) + i % e.K), b);
+  for (int q = 0; q < n; ++q)
+    if (q < cnt) b[q] = epi_detail::load<float>(e.bias, k + q, e.dtype);
+}
+
+// The epilogue of cnt <= n consecutive values of one row (flat indices i + q, channels k + q:
+// NHWC, or any layout with unit channel stride), float accumulators, biases b from epi_bias_run.
+// v[q] for q >= cnt is left alone. 16-bit residual/preact of a full run with i % n == 0 take one
+// vector access. The loops are unrolled with q < cnt as a predicate so that v and b stay in
+// registers (a runtime trip count would index them dynamically: local memory).
+template <int n>
+__device__ __forceinline__ void epi_apply_run(const EpiDev& e, long long i, const float* b, float* v,
+                                              int cnt = n) {
+  if (e.bias) {  // skipped without a bias: v + 0 would turn -0 into +0
 #pragma unroll
-    for (int q = 0; q < 8; ++q) v[q] += b[q];
+    for (int q = 0; q < n; ++q) v[q] += b[q];
   }
+  const bool vec = (n == 2 || n == 4 || n == 8) && cnt == n && (e.dtype == 2 || e.dtype == 3) &&
+                   e.aligned16 && i % n == 0;
   if (e.residual) {
-    float r[8];
-    widen(*reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(e.residual) + i), r);
+    if (vec) {
+      float r[n];
+      epi_detail::load16v<n>(e.residual, i, e.dtype, r);
 #pragma unroll
-    for (int q = 0; q < 8; ++q) v[q] += r[q];
+      for (int q = 0; q < n; ++q) v[q] += r[q];
+    } else {
+#pragma unroll
+      for (int q = 0; q < n; ++q)
+        if (q < cnt) v[q] += epi_detail::load<float>(e.residual, i + q, e.dtype);
+    }
   }
   if (e.preact) {
-    uint32_t w[4];
+    if (vec) {
+      epi_detail::store16v<n>(e.preact, i, e.dtype, v);
+    } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (e.dtype == 2) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
-        w[j] = *reinterpret_cast<const uint32_t*>(&h);
-      } else {
-        const __half2 h = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
-        w[j] = *reinterpret_cast<const uint32_t*>(&h);
-      }
+      for (int q = 0; q < n; ++q)
+        if (q < cnt) epi_detail::store<float>(e.preact, i + q, e.dtype, v[q]);
     }
-    *reinterpret_cast<uint4*>(static_cast<unsigned short*>(e.preact) + i) =
-        make_uint4(w[0], w[1], w[2], w[3]);
   }
-  const Activation a = static_cast<Activation>(e.act);
-#pragma unroll
-  for (int q = 0; q < 8; ++q) v[q] = activate<float>(a, v[q], e.param);
+  epi_detail::act_run<n, float>(e, v);  // also on v[q >= cnt]: harmless, never stored
 }
 
 // y = act(0 + bias + residual) for a convolution with an empty reduction (no input channels or
@@ -141,7 +243,7 @@ template <class A>
 __global__ void epi_fill_kernel(EpiDev e, void* y, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x)
-    epi_detail::store<A>(y, i, e.dtype, epi_apply<A>(e, i, A(0)));
+    epi_detail::store<A>(y, i, e.dtype, epi_apply_flat<A>(e, i, A(0)));
 }
 
 // Launches epi_fill_kernel over the n outputs; "" or the launch error.
