@@ -1,4 +1,5 @@
-"""Regenerates the polynomial coefficients of ffi/cpu/vec_math.h (needs numpy and mpmath).
+"""Regenerates the polynomial coefficients of ffi/cpu/vec_math.h and of the erfcx fit that it
+shares with the CUDA kernels, ffi/include/jaxdnn/erfcx_fit.h (needs numpy and mpmath).
 
   tanh(x) ~ x P(x^2) / Q(x^2), P and Q of degree 4, Q(0) = 1, on [0, 9.2]: a linearized
       least-squares fit of relative error (P - f Q) / (f Q_prev), reweighted toward the worst

@@ -27,6 +27,8 @@
 #include <cstring>
 #include <limits>
 
+#include "jaxdnn/erfcx_fit.h"
+
 // Always inlined: a call inside a loop stops its vectorization, and GCC's inliner gives up on
 // these once a translation unit has inlined them in many places.
 #if defined(__GNUC__)
@@ -112,21 +114,7 @@ struct VecMathF {
   }
 
   // erfcx(a) ~ R(1 / (1 + a/2)) for a in [0, 10] (see the header comment).
-  static JAXDNN_VEC_INLINE float erfcx_fit(float a) {
-    const float t = 1.0f / (1.0f + 0.5f * a);
-    float r = 3.398299039620364e-02f;
-    r = r * t - 2.4513568119715645e-01f;
-    r = r * t + 7.276142897540214e-01f;
-    r = r * t - 1.0895214677043006f;
-    r = r * t + 7.942426840846346e-01f;
-    r = r * t - 3.170884297990074e-01f;
-    r = r * t + 3.1107081276056736e-01f;
-    r = r * t + 2.166855705143187e-01f;
-    r = r * t + 2.8639470210757756e-01f;
-    r = r * t + 2.817418810138752e-01f;
-    r = r * t + 1.2645738713845667e-05f;
-    return r;
-  }
+  static JAXDNN_VEC_INLINE float erfcx_fit(float a) { return erfcx_poly(1.0f / (1.0f + 0.5f * a)); }
 
   // e^(-a^2) for a >= 0, corrected for the rounding of a^2 (an FMA recovers its error).
   static JAXDNN_VEC_INLINE float exp_neg_square(float a) {

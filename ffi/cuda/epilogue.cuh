@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <string>
 
+#include "device_math.cuh"
 #include "jaxdnn/activation.h"
 #include "jaxdnn/conv_problem.h"
 
@@ -134,7 +135,7 @@ __device__ __forceinline__ void store16v(void* p, long long i, int dt, const flo
 // the call costs little. Same function, same arithmetic as the inlined activate.
 template <class A>
 __device__ __noinline__ A activate_slow(int act, A x, A param) {
-  return activate<A>(static_cast<Activation>(act), x, param);
+  return activate<A, DeviceMath>(static_cast<Activation>(act), x, param);
 }
 
 // v[q] = act(v[q]) for q < n, the kind dispatched once for the run.

@@ -79,8 +79,9 @@ struct BabArgs {
 template <class A>
 __device__ __forceinline__ A bab_grad(const BabArgs& a, A s) {
   const Activation act = static_cast<Activation>(a.act);
-  return a.from_output ? activation_grad_from_output<A>(act, s, static_cast<A>(a.param))
-                       : activation_grad_from_input<A>(act, s, static_cast<A>(a.param));
+  const A prm = static_cast<A>(a.param);
+  return a.from_output ? activation_grad_from_output<A, DeviceMath>(act, s, prm)
+                       : activation_grad_from_input<A, DeviceMath>(act, s, prm);
 }
 
 // Channels-last view (outer rows x K): block = 32 channels x 8 row lanes of one row slice.

@@ -7,8 +7,8 @@
 // may start at any address: when all of them share one offset modulo 16 bytes, a scalar head
 // brings them to a 16-byte boundary and a scalar tail finishes the array; otherwise (mixed
 // offsets) the whole array runs the scalar path. The formulas are activation.h's (CUDA's math
-// library: expf, tanhf, erfcf, ...), instantiated per kind at compile time; 16-bit types compute
-// in float, float64 in double.
+// library: expf, tanhf, ...; float erfc from device_math.cuh), instantiated per kind at compile
+// time; 16-bit types compute in float, float64 in double.
 //
 // Softmax over [outer, n, inner], max-subtracted, sums in float (double for float64):
 //   inner == 1, n <= 1024: one warp per row, the row held in registers (read once, written once);
@@ -27,6 +27,7 @@
 #include <limits>
 #include <string>
 
+#include "device_math.cuh"
 #include "pointwise_cuda.h"
 
 namespace jaxdnn::cuda {
@@ -80,11 +81,11 @@ enum class Op { kForward, kGradInput, kGradOutput, kGrad2Input, kGrad2Output };
 
 template <Op kOp, Activation kA, typename C>
 __device__ __forceinline__ C pointwise(C s, C p) {
-  if constexpr (kOp == Op::kForward) return activate<C>(kA, s, p);
-  if constexpr (kOp == Op::kGradInput) return activation_grad_from_input<C>(kA, s, p);
-  if constexpr (kOp == Op::kGradOutput) return activation_grad_from_output<C>(kA, s, p);
-  if constexpr (kOp == Op::kGrad2Input) return activation_grad2_from_input<C>(kA, s, p);
-  return activation_grad2_from_output<C>(kA, s, p);
+  if constexpr (kOp == Op::kForward) return activate<C, DeviceMath>(kA, s, p);
+  if constexpr (kOp == Op::kGradInput) return activation_grad_from_input<C, DeviceMath>(kA, s, p);
+  if constexpr (kOp == Op::kGradOutput) return activation_grad_from_output<C, DeviceMath>(kA, s, p);
+  if constexpr (kOp == Op::kGrad2Input) return activation_grad2_from_input<C, DeviceMath>(kA, s, p);
+  return activation_grad2_from_output<C, DeviceMath>(kA, s, p);
 }
 
 // out = op(s) (* d). relu and relu6's first derivatives select the cotangent (as jax.nn does:

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "device_math.cuh"
 #include "pointwise_cuda.h"
 
 using namespace jaxdnn;
@@ -133,6 +134,42 @@ void report(bool ok, const std::string& what, double err, double tol) {
     ++failures;
     printf("FAIL %s  rel.err %.3e (tol %.1e)\n", what.c_str(), err, tol);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernels' float erfc (device_math.cuh) elementwise against double erfc: relative error at
+// most 1e-6 wherever erfc(x) > 1e-30 (x < 8.1), exact 2 / 0 / NaN at -inf / +inf / NaN.
+
+__global__ void erfc_kernel(const float* x, float* y, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = jaxdnn::cuda::DeviceMath::erfc(x[i]);
+}
+
+void check_erfc() {
+  std::vector<float> x;
+  for (double v = -12.0; v <= 12.0; v += 1.0 / 4096) x.push_back(static_cast<float>(v));
+  x.insert(x.end(), {-INFINITY, INFINITY, NAN, 0.0f, -0.0f, 1e-30f, -1e-30f});
+  const int n = static_cast<int>(x.size());
+  float *dx, *dy;
+  CK(cudaMalloc(&dx, n * 4));
+  CK(cudaMalloc(&dy, n * 4));
+  CK(cudaMemcpy(dx, x.data(), n * 4, cudaMemcpyHostToDevice));
+  erfc_kernel<<<(n + 255) / 256, 256>>>(dx, dy, n);
+  std::vector<float> y(n);
+  CK(cudaMemcpy(y.data(), dy, n * 4, cudaMemcpyDeviceToHost));
+  CK(cudaFree(dx));
+  CK(cudaFree(dy));
+  double worst = 0;
+  bool special = true;
+  for (int i = 0; i < n; ++i) {
+    const double ref = std::erfc(static_cast<double>(x[i]));
+    if (std::isnan(x[i])) special &= std::isnan(y[i]);
+    else if (std::isinf(x[i])) special &= y[i] == static_cast<float>(ref);
+    else if (ref > 1e-30) worst = std::max(worst, std::fabs(y[i] - ref) / ref);
+  }
+  report(special && worst <= 1e-6, "DeviceMath::erfc float (special values " +
+         std::string(special ? "ok" : "WRONG") + ")", worst, 1e-6);
+  printf("DeviceMath::erfc worst relative error %.3e over %d points\n", worst, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -393,6 +430,7 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "full")) full = true;
     if (!strcmp(argv[i], "bench")) do_bench = true;
   }
+  check_erfc();
   check_activations(full);
   check_softmax(full);
   printf("%d checks, %d failures\n", checks, failures);
