@@ -18,19 +18,36 @@
 namespace jaxdnn::cuda {
 
 struct DeviceMath : StdMath {
+  // e^(-a^2) erfcx(a) = erfc(a) for 0 <= a <= 10; e = e^(-a^2), corrected for the rounding of a^2.
+  static __device__ __forceinline__ float erfc_tail(float a, float* e) {
+    const float a2 = a * a;
+    const float a2_err = fmaf(a, a, -a2);  // a * a = a2 + a2_err exactly
+    *e = expf(-a2) * (1.0f - a2_err);
+    return *e * erfcx_poly(__fdividef(1.0f, 1.0f + 0.5f * a));
+  }
+
   template <class T>
   static __device__ __forceinline__ T erfc(T x) {
     if constexpr (std::is_same_v<T, float>) {
       const float ax = fabsf(x);
-      const float a = fminf(ax, 10.0f);  // erfc(10) ~ 2e-45; fminf keeps NaN out, restored below
-      const float a2 = a * a;
-      const float a2_err = fmaf(a, a, -a2);  // a * a = a2 + a2_err exactly
-      const float tail = expf(-a2) * (1.0f - a2_err) * erfcx_poly(__fdividef(1.0f, 1.0f + 0.5f * a));
+      float e;
+      const float tail = erfc_tail(fminf(ax, 10.0f), &e);  // erfc(10) ~ 2e-45
       const float r = x < 0.0f ? 2.0f - tail : (ax > 10.0f ? 0.0f : tail);
-      return x != x ? x : r;
+      return x != x ? x : r;  // fminf dropped the NaN
     } else {
       return StdMath::erfc(x);
     }
+  }
+
+  // gelu'(x) = Phi(x) + x phi(x), Phi(x) = erfc(-x / sqrt(2)) / 2 and phi(x) = e^(-x^2 / 2) /
+  // sqrt(2 pi) sharing one exponential (activation.h's generic formula takes two).
+  static __device__ __forceinline__ float gelu_grad(float x) {
+    const float ax = fabsf(x) * 0.70710678118654752f;
+    float e;
+    const float half_tail = 0.5f * erfc_tail(fminf(ax, 10.0f), &e);
+    const float cdf = x > 0.0f ? 1.0f - half_tail : half_tail;
+    const float pdf = ax > 10.0f ? 0.0f : 0.39894228040143268f * e;
+    return x != x ? x : cdf + x * pdf;
   }
 };
 

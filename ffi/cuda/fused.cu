@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <type_traits>
 
 #include "conv_cuda.h"
 #include "epilogue.cuh"
@@ -81,6 +82,8 @@ template <class A>
 __device__ __forceinline__ A bab_grad(const BabArgs& a, A s) {
   const Activation act = static_cast<Activation>(a.act);
   const A prm = static_cast<A>(a.param);
+  if constexpr (std::is_same_v<A, float>)
+    if (act == Activation::kGelu) return DeviceMath::gelu_grad(s);
   return a.from_output ? activation_grad_from_output<A, DeviceMath>(act, s, prm)
                        : activation_grad_from_input<A, DeviceMath>(act, s, prm);
 }

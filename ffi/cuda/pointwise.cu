@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "device_math.cuh"
 #include "pointwise_cuda.h"
@@ -82,6 +83,8 @@ enum class Op { kForward, kGradInput, kGradOutput, kGrad2Input, kGrad2Output };
 template <Op kOp, Activation kA, typename C>
 __device__ __forceinline__ C pointwise(C s, C p) {
   if constexpr (kOp == Op::kForward) return activate<C, DeviceMath>(kA, s, p);
+  if constexpr (kOp == Op::kGradInput && kA == Activation::kGelu && std::is_same_v<C, float>)
+    return DeviceMath::gelu_grad(s);
   if constexpr (kOp == Op::kGradInput) return activation_grad_from_input<C, DeviceMath>(kA, s, p);
   if constexpr (kOp == Op::kGradOutput) return activation_grad_from_output<C, DeviceMath>(kA, s, p);
   if constexpr (kOp == Op::kGrad2Input) return activation_grad2_from_input<C, DeviceMath>(kA, s, p);
