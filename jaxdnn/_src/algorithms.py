@@ -194,6 +194,25 @@ def workspace_bytes(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeo
   return int(module.workspace_bytes(*args))
 
 
+def winograd_filter_shape(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
+                          batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
+                          precision: MathPrecision):
+  """(tile, dims of U) when `algo` runs `op` on a pre-transformed filter, else None.
+
+  The Winograd families' forward and backward-data take U = G w G^T, the result of a separate
+  jaxdnn_winograd_filter call, in place of w (ffi_conv.h), so that XLA shares one U between the
+  convolutions of one filter and hoists it out of loops. Asked of the backend, which knows the
+  layout its GEMMs read.
+  """
+  if algo not in (ConvAlgo.WINOGRAD, ConvAlgo.WINOGRAD_NONFUSED) or op == ConvOp.BACKWARD_FILTER:
+    return None
+  module = ffi.extension(platform)
+  args = _query_args(op, algo, geometry, batch, channels, out_channels, in_dtype, out_dtype,
+                     precision)
+  spec = module.winograd_filter_shape(*args)
+  return None if spec is None else (int(spec[0]), tuple(int(d) for d in spec[1]))
+
+
 def _fft_tiling_pays(geometry: ConvGeometry, cg: int, kg: int, taps: int) -> bool:
   """Filters of >= 15 taps, one side >= 5, 8 to 128 channels in and out per group: where
   FFT_TILING beat every other CPU family by 2-3x (5x5 and 7x7 layers, 1-D filters of 15 to 255
