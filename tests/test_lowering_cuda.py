@@ -17,6 +17,7 @@ from jax import lax
 import jaxdnn
 from grid import NCHW, NCW, NDHWC, NHWC
 from helpers import GENERAL_FAMILIES, algo_id, lax_conv64, problems, rand
+from jaxdnn._src.geometry import ConvOp
 from jaxdnn._src import algorithms, ffi
 from tolerances import BF16, F32, F64, assert_close, tolerance
 
@@ -122,14 +123,22 @@ WINOGRADS = [jaxdnn.ConvAlgo.WINOGRAD_NONFUSED, jaxdnn.ConvAlgo.WINOGRAD]
                                   *WINOGRADS], ids=algo_id)
 def test_cuda_lowering_fast_families(algo, dtype, op):
   """The FFT and Winograd families take the 3x3 stride-1 problem on CUDA in all three
-  operations, with a workspace operand sized at trace time, and lower to the CUDA targets."""
+  operations, with a workspace operand sized at trace time, and lower to the CUDA targets. The
+  Winograd forward and backward-data take the transformed filter from a jaxdnn_winograd_filter
+  call (the fused family then needs no workspace at all)."""
   x, w, conv, c = _setup(SIMPLE, dtype, algo)
   fn = _op_fn(op, conv, c)
+  uses_u = False
   for p_op, g, n, ch, k, kin, kout, prec in problems(fn, x, w):
     why = algorithms.unsupported_reason("cuda", p_op, algo, g, n, ch, k, kin, kout, prec)
     assert why == "", f"CUDA {algo.name} rejects the simple geometry ({p_op.name}): {why}"
-    assert algorithms.workspace_bytes("cuda", p_op, algo, g, n, ch, k, kin, kout, prec) > 0
-  _check_lowering(_lower_cuda(fn, x, w), op, algo)
+    ws = algorithms.workspace_bytes("cuda", p_op, algo, g, n, ch, k, kin, kout, prec)
+    takes_u = algo in WINOGRADS and p_op != ConvOp.BACKWARD_FILTER
+    uses_u |= takes_u
+    assert ws == 0 if (takes_u and algo == jaxdnn.ConvAlgo.WINOGRAD) else ws > 0
+  text = _lower_cuda(fn, x, w)
+  _check_lowering(text, op, algo)
+  assert ("@jaxdnn_winograd_filter(" in text) == uses_u
 
 
 @needs_cuda_extension

@@ -98,7 +98,8 @@ WorkspacePlan plan_workspace(ConvOp op, ConvAlgo algo, const ConvProblem& p, DTy
   WorkspacePlan plan;
   if (in != acc) {
     plan.a_bytes = align_up(na * elem);
-    plan.b_bytes = align_up(nb * elem);
+    // The Winograd families' forward and backward-data take U, already in the compute type.
+    if (!takes_winograd_filter(op, algo)) plan.b_bytes = align_up(nb * elem);
   }
   if (out != acc) plan.out_bytes = align_up(nout * elem);
   if (epilogue && op == ConvOp::kForward && out != acc) plan.bias_bytes = align_up(p.K * elem);
@@ -119,11 +120,13 @@ void run_typed(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType o
   T* out_t = static_cast<T*>(out);
   if (in != acc) {
     T* a_w = reinterpret_cast<T*>(cursor);
-    T* b_w = reinterpret_cast<T*>(cursor + plan.a_bytes);
     widen(in, a, a_w, na);
-    widen(in, b, b_w, nb);
     a_t = a_w;
-    b_t = b_w;
+    if (!takes_winograd_filter(op, algo)) {  // else b is U, in T already
+      T* b_w = reinterpret_cast<T*>(cursor + plan.a_bytes);
+      widen(in, b, b_w, nb);
+      b_t = b_w;
+    }
   }
   cursor += plan.a_bytes + plan.b_bytes;
   if (out_dtype != acc) out_t = reinterpret_cast<T*>(cursor);

@@ -15,6 +15,7 @@
 
 #include "epilogue.h"
 #include "jaxdnn/conv_problem.h"
+#include "jaxdnn/winograd_filter.h"
 
 namespace jaxdnn::cpu {
 
@@ -47,6 +48,8 @@ size_t implicit_gemm_workspace_bytes(ConvOp op, const ConvProblem& p, size_t ele
 
 // WINOGRAD_NONFUSED (conv_winograd.cc): F(4x4, 3x3) or F(2x2, 3x3) transforms through workspace,
 // the per-point channel contractions as gemm() products. 2-D 3x3 filters, stride 1, no dilation.
+// Both Winograd families' forward and backward-data take io.b = U, the transformed filter of
+// winograd_filter_transform (takes_winograd_filter), in T; backward-filter takes dy as always.
 template <typename T> void winograd_nonfused_conv(ConvOp op, const ConvProblem& p,
                                                   const ConvOperands<T>& io);
 size_t winograd_nonfused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes);
@@ -57,8 +60,22 @@ size_t winograd_fused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t el
 std::string winograd_fused_unsupported(ConvOp op, const ConvProblem& p);
 // "" when the Winograd kernels handle the geometry of p, else the reason.
 std::string winograd_unsupported(const ConvProblem& p);
-// Output tile edge (4 or 2) the kernel uses for (op, p).
-int winograd_tile(ConvOp op, const ConvProblem& p);
+// Output tile edge (4 or 2) the Winograd family `algo` uses for (op, p): WINOGRAD_NONFUSED 4
+// unless the pass output is smaller than 4 on a side; WINOGRAD always 2.
+int winograd_tile(ConvOp op, ConvAlgo algo, const ConvProblem& p);
+// The shape of U that a takes_winograd_filter(op, algo) call on p takes: dims and the tile.
+void winograd_filter_shape(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out,
+                           int* tile, int64_t dims[4]);
+// Dims of U for tile m (2 or 4), G groups and pass channels Cig -> Cog per group:
+// {(m + 2)^2, G, Cig, round_up(Cog, gemm NR)}: per (point, group), gemm.h's packed-B panels of a
+// Cig x Cog matrix (columns zero-padded).
+void winograd_filter_dims(int tile, int64_t G, int64_t Cig, int64_t Cog, DType u_dtype,
+                          int64_t dims[4]);
+// U = G w G^T (jaxdnn_winograd_filter): `filter` describes w (layout, G, C, K, filt); flip: the
+// backward-data filter w'(r, s, c, k) = w(2 - r, 2 - s, k, c). w has w_dtype; U is float64 for a
+// float64 w, else float32. Returns "" or the reason it cannot run.
+std::string winograd_filter_transform(const ConvProblem& filter, int tile, bool flip,
+                                      DType w_dtype, const void* w, void* u);
 
 // FFT / FFT_TILING (conv_fft.cc): whole-image (FFT) or overlap-save tiles (FFT_TILING) of real
 // transforms, per-frequency complex channel products, inverse transforms. Stride 1, no dilation.

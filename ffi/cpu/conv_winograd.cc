@@ -11,17 +11,21 @@
 // Summed over input channels c, output channel k of a tile is AT [ sum_c U[c][k] .* V[c] ] AT^T: for
 // each of the a*a points xi, sum_c V[xi][tile][c] * U[xi][c][k] is a matrix product with
 // M = tiles, N = K/G, K = C/G (per group). So a forward pass is
-//   1. filter transform U[xi][g][c][k] (workspace),
+//   1. filter transform U[xi][g][c][k]: its own FFI call (jaxdnn_winograd_filter,
+//      winograd_filter_transform below), whose result is an XLA value that the convolution call
+//      takes in place of w, so that XLA shares one U between the convolutions of one filter and
+//      hoists it out of loops (the filter-transform cache);
 //   2. input transform V[xi][tile][c] for a chunk of tiles (workspace),
 //   3. a*a*G products Mo[xi][tile][k] = V[xi] * U[xi] (gemm.h's macro kernel; U is written in
-//      gemm's packed-B panel format once, so no product repacks it),
+//      gemm's packed-B panel format by step 1, so no product repacks it),
 //   4. output transform Y = AT Mo AT^T, cropped to the output extent.
 // Tile geometry: output tile (i, j) of a plane covers output rows [i*m, i*m + m) and columns
 // [j*m, j*m + m); it reads input rows i*m - pad_lo + [0, a) (zero outside the image: padding, or
 // rows only cropped outputs read), and likewise columns. Images smaller than a tile are one tile.
 //
 // Backward-data is the same pass on dy with the spatially flipped, channel-swapped filter
-// w'(r, s, k, c) = w(2 - r, 2 - s, c, k) and padding 2 - pad (stride 1).
+// w'(r, s, k, c) = w(2 - r, 2 - s, c, k) and padding 2 - pad (stride 1); its U is the transform
+// of w' (the transform call's flip attribute).
 // Backward-filter is the adjoint of the forward in the filter: with Dy = AT^T dy_tile AT (a x a),
 //   <dy, AT (U .* V) AT^T> = <Dy .* V, G g G^T> = <G^T (Dy .* V) G, g>, so
 //   dw[c][k] = G^T [ sum_tiles V[c] .* Dy[k] ] G,
@@ -38,6 +42,7 @@
 #include <string>
 
 #include "conv_cpu.h"
+#include "float16.h"
 #include "gemm.h"
 #include "parallel.h"
 
@@ -344,23 +349,14 @@ void point_products(int64_t A2, int64_t G, int64_t nt, int64_t TB, int64_t Ci, i
   });
 }
 
-// fused == false (WINOGRAD_NONFUSED): steps 2-4 each run over a whole chunk of TB tiles, in
-// parallel within the step. fused == true (WINOGRAD): each thread takes blocks of kFusedTiles
-// tiles through steps 2-4 in its own cache-resident buffers (no transformed-input buffer in the
-// workspace); the nested steps run serially on that thread.
-template <typename T, int M>
-void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterView& wf,
-                  bool fused, void* workspace, const CpuEpilogue<T>* epi) {
+// U = G g G^T of a pass's filter (w read through the view wf, element type S converted by
+// `cvt`), per (group, pass input channel, block of output channels), into the packed panels
+// [A2][G] of PackedU (zero columns past Kg).
+template <typename T, int M, typename S, typename Cvt>
+void filter_transform(const S* w, const FilterView& wf, int64_t G, int64_t Cg, int64_t Kg,
+                      T* U, Cvt cvt) {
   constexpr int A = Wino<M>::A, A2 = A * A;
-  const int64_t G = ps.G, Cg = ps.Cig(), Kg = ps.Cog();
-  const int64_t tiles = tiles_of(ps, M);
-  if (tiles == 0) return;  // empty output
-  const int64_t TB = fused ? 0 : chunk_tiles(tiles, A, ps.Ci, ps.Co, sizeof(T));
   const PackedU<T> pu(Cg, Kg);
-  T* U = static_cast<T*>(workspace);  // [A2][G] packed Cg x Kg panels
-  T* V = U + A2 * G * pu.size();      // [A2][TB][Ci]
-  T* Mo = V + A2 * TB * ps.Ci;        // [A2][TB][Co]
-  // 1. U = G g G^T per (group, input channel, block of output channels).
   if (pu.Npad != Kg)
     parallel_for(A2 * G * pu.size(), [&](int64_t b, int64_t e) { std::fill(U + b, U + e, T(0)); },
                  int64_t{1} << 14);
@@ -370,10 +366,14 @@ void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterV
     for (int64_t idx = b; idx < e; ++idx) {
       const int64_t g = idx / (Cg * kblocks), c = idx / kblocks % Cg, k0 = idx % kblocks * kCB;
       const int64_t kb = std::min<int64_t>(kCB, Kg - k0);
-      const T* src = w + wf.base + g * wf.sg + c * wf.sc + k0 * wf.sk;
+      const S* src = w + wf.base + g * wf.sg + c * wf.sc + k0 * wf.sk;
       for (int r = 0; r < 3; ++r)
-        for (int s = 0; s < 3; ++s)
-          load_block(g9 + (r * 3 + s) * kCB, src + r * wf.sr + s * wf.ss, wf.sk, kb);
+        for (int s = 0; s < 3; ++s) {
+          T* dst = g9 + (r * 3 + s) * kCB;
+          const S* tap = src + r * wf.sr + s * wf.ss;
+          for (int64_t k = 0; k < kb; ++k) dst[k] = T(cvt(tap[k * wf.sk]));
+          for (int64_t k = kb; k < kCB; ++k) dst[k] = T(0);
+        }
       sandwich<T>(Wino<M>::G, Wino<M>::G, g9, u);
       for (int xi = 0; xi < A2; ++xi) {
         T* dst = U + (xi * G + g) * pu.size();
@@ -386,6 +386,25 @@ void forward_pass(const Pass& ps, const T* in, T* out, const T* w, const FilterV
       }
     }
   }, 4);
+}
+
+// Steps 2-4 of a forward-shaped pass on the transformed filter U (filter_transform's packed
+// panels, from the jaxdnn_winograd_filter call).
+// fused == false (WINOGRAD_NONFUSED): steps 2-4 each run over a whole chunk of TB tiles, in
+// parallel within the step. fused == true (WINOGRAD): each thread takes blocks of kFusedTiles
+// tiles through steps 2-4 in its own cache-resident buffers (no workspace at all); the nested
+// steps run serially on that thread.
+template <typename T, int M>
+void forward_pass(const Pass& ps, const T* in, T* out, const T* U, bool fused, void* workspace,
+                  const CpuEpilogue<T>* epi) {
+  constexpr int A = Wino<M>::A, A2 = A * A;
+  const int64_t G = ps.G, Cg = ps.Cig(), Kg = ps.Cog();
+  const int64_t tiles = tiles_of(ps, M);
+  if (tiles == 0) return;  // empty output
+  const int64_t TB = fused ? 0 : chunk_tiles(tiles, A, ps.Ci, ps.Co, sizeof(T));
+  const PackedU<T> pu(Cg, Kg);
+  T* V = static_cast<T*>(workspace);  // [A2][TB][Ci]
+  T* Mo = V + A2 * TB * ps.Ci;        // [A2][TB][Co]
   if (fused) {
     const int64_t FB = kFusedTiles;
     parallel_for((tiles + FB - 1) / FB, [&](int64_t b, int64_t e) {
@@ -551,13 +570,13 @@ void backward_filter(const ConvProblem& p, const T* x, const T* dy, T* dw, void*
   filter_grad_transform<T, M>(p, Macc, dw);
 }
 
+// Forward and backward-data: io.b is the transformed filter U (takes_winograd_filter).
 template <typename T, int M>
 void run(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io, bool fused) {
   switch (op) {
     case ConvOp::kForward:
     case ConvOp::kBackwardData:
-      forward_pass<T, M>(make_pass(op, p), io.a, io.out, io.b,
-                         filter_view(p, op == ConvOp::kBackwardData), fused, io.workspace,
+      forward_pass<T, M>(make_pass(op, p), io.a, io.out, io.b, fused, io.workspace,
                          op == ConvOp::kForward ? io.epi : nullptr);
       break;
     case ConvOp::kBackwardFilter:
@@ -581,7 +600,9 @@ std::string winograd_unsupported(const ConvProblem& p) {
   return "";
 }
 
-int winograd_tile(ConvOp op, const ConvProblem& p) { return tile_m(make_pass(op, p)); }
+int winograd_tile(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
+  return algo == ConvAlgo::kWinograd ? 2 : tile_m(make_pass(op, p));
+}
 
 size_t winograd_nonfused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes) {
   if (!winograd_unsupported(p).empty()) return 0;
@@ -590,17 +611,19 @@ size_t winograd_nonfused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t
   const int64_t tiles = tiles_of(ps, m);
   if (tiles == 0) return 0;
   const int64_t TB = chunk_tiles(tiles, a, ps.Ci, ps.Co, elem_bytes);
-  // Filter transform (packed, columns padded to NR) or wgrad accumulator [a*a][G][Cg][Kg], then
-  // a chunk of transformed input [a*a][TB][Ci] and output (or dy) [a*a][TB][Co].
+  // Backward-filter: the accumulator [a*a][G][Cg][Kg] (sized as a packed U, columns padded to
+  // NR). Then a chunk of transformed input [a*a][TB][Ci] and output (or dy) [a*a][TB][Co].
+  // Forward and backward-data take U as an operand (jaxdnn_winograd_filter), not in workspace.
   const int64_t nr = elem_bytes == 8 ? GemmShape<double>::NR : GemmShape<float>::NR;
-  const int64_t u_elems = ps.Ci * gemm_round_up(ps.Co / p.G, nr);
-  const int64_t elems = int64_t{a} * a * (u_elems + TB * (ps.Ci + ps.Co));
+  const int64_t acc_elems =
+      op == ConvOp::kBackwardFilter ? ps.Ci * gemm_round_up(ps.Co / p.G, nr) : 0;
+  const int64_t elems = int64_t{a} * a * (acc_elems + TB * (ps.Ci + ps.Co));
   return static_cast<size_t>(elems) * elem_bytes;
 }
 
 template <typename T>
 void winograd_nonfused_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
-  if (winograd_tile(op, p) == 4)
+  if (winograd_tile(op, ConvAlgo::kWinogradNonfused, p) == 4)
     run<T, 4>(op, p, io, false);
   else
     run<T, 2>(op, p, io, false);
@@ -619,15 +642,71 @@ size_t winograd_fused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t el
   if (op == ConvOp::kBackwardFilter)
     return static_cast<size_t>(fused_wgrad_slices(p, tiles, elem_bytes) * 16 * p.G * p.Cg() *
                                p.Kg()) * elem_bytes;
-  // Forward and backward-data: the packed filter transform only: [16][G] panels of
-  // Cg x round_up(Kg, NR).
-  const int64_t nr = elem_bytes == 8 ? GemmShape<double>::NR : GemmShape<float>::NR;
-  return static_cast<size_t>(16 * ps.Ci * gemm_round_up(ps.Co / p.G, nr)) * elem_bytes;
+  // Forward and backward-data: none (U, the packed filter transform, is an operand).
+  return 0;
 }
 
 template <typename T>
 void winograd_fused_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
   run<T, 2>(op, p, io, true);
+}
+
+void winograd_filter_dims(int tile, int64_t G, int64_t Cig, int64_t Cog, DType u_dtype,
+                          int64_t dims[4]) {
+  const int64_t a = tile + 2;
+  const int64_t nr = u_dtype == DType::kF64 ? GemmShape<double>::NR : GemmShape<float>::NR;
+  dims[0] = a * a, dims[1] = G, dims[2] = Cig, dims[3] = gemm_round_up(Cog, nr);
+}
+
+void winograd_filter_shape(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out,
+                           int* tile, int64_t dims[4]) {
+  const bool flip = op == ConvOp::kBackwardData;
+  *tile = winograd_tile(op, algo, p);
+  winograd_filter_dims(*tile, p.G, flip ? p.Kg() : p.Cg(), flip ? p.Cg() : p.Kg(),
+                       winograd_filter_dtype(in, out), dims);
+}
+
+namespace {
+
+template <typename T, typename S, typename Cvt>
+void filter_transform_tile(int tile, const S* w, const FilterView& wf, int64_t G, int64_t Cg,
+                           int64_t Kg, T* U, Cvt cvt) {
+  if (tile == 4)
+    filter_transform<T, 4>(w, wf, G, Cg, Kg, U, cvt);
+  else
+    filter_transform<T, 2>(w, wf, G, Cg, Kg, U, cvt);
+}
+
+}  // namespace
+
+std::string winograd_filter_transform(const ConvProblem& filter, int tile, bool flip,
+                                      DType w_dtype, const void* w, void* u) {
+  if (tile != 2 && tile != 4) return "tile must be 2 or 4";
+  if (filter.filt[0] != 1 || filter.filt[1] != 3 || filter.filt[2] != 3)
+    return "the filter must be 3x3 (depth 1 in 3-D)";
+  const FilterView wf = filter_view(filter, flip);
+  const int64_t G = filter.G;
+  const int64_t Cg = flip ? filter.Kg() : filter.Cg(), Kg = flip ? filter.Cg() : filter.Kg();
+  auto same = [](auto v) { return v; };
+  switch (w_dtype) {
+    case DType::kF32:
+      filter_transform_tile(tile, static_cast<const float*>(w), wf, G, Cg, Kg,
+                            static_cast<float*>(u), same);
+      return "";
+    case DType::kF64:
+      filter_transform_tile(tile, static_cast<const double*>(w), wf, G, Cg, Kg,
+                            static_cast<double*>(u), same);
+      return "";
+    case DType::kBF16:
+      filter_transform_tile(tile, static_cast<const uint16_t*>(w), wf, G, Cg, Kg,
+                            static_cast<float*>(u), bf16_to_float);
+      return "";
+    case DType::kF16:
+      filter_transform_tile(tile, static_cast<const uint16_t*>(w), wf, G, Cg, Kg,
+                            static_cast<float*>(u), f16_to_float);
+      return "";
+  }
+  return "unsupported filter dtype";
 }
 
 template void winograd_nonfused_conv<float>(ConvOp, const ConvProblem&, const ConvOperands<float>&);

@@ -16,11 +16,25 @@
 namespace jaxdnn::cpu {
 namespace {
 
+// Operand b of the Winograd families' forward and backward-data is U (ffi_conv.h): its dims must
+// be the ones winograd_filter_transform wrote for this problem's tile and pass channels.
+ffi::Error check_transformed_filter(ConvOp op, const DecodedConv& dec, const ffi::AnyBuffer& b) {
+  if (!takes_winograd_filter(op, dec.algo)) return ffi::Error::Success();
+  if (std::string why = cpu::can_implement(op, dec.algo, dec.problem); !why.empty())
+    return ffi::Error::InvalidArgument(std::string("jaxdnn convolution (") +
+                                       conv_algo_name(dec.algo) + "): " + why);
+  int tile;
+  int64_t want[4];
+  cpu::winograd_filter_shape(op, dec.algo, dec.problem, dec.in_dtype, dec.out_dtype, &tile, want);
+  return check_winograd_filter_dims(b, want, dec, op);
+}
+
 ffi::Error run_conv_call(ConvOp op, ffi::AnyBuffer a, ffi::AnyBuffer b,
                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
                          ffi::Dictionary attrs) {
   DecodedConv dec;
   if (auto err = decode_conv_call(op, a, b, *out, attrs, &dec); !err.success()) return err;
+  if (auto err = check_transformed_filter(op, dec, b); !err.success()) return err;
   const size_t need = cpu::workspace_bytes(op, dec.algo, dec.problem, dec.in_dtype, dec.out_dtype);
   if (workspace->size_bytes() < need)
     return ffi::Error::InvalidArgument("jaxdnn convolution: workspace buffer is too small (" +
@@ -60,6 +74,7 @@ ffi::Error run_conv_fused_call(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffe
   if (std::string why = cpu::can_implement_fused(dec.algo, dec.problem); !why.empty())
     return ffi::Error::InvalidArgument(std::string("jaxdnn fused convolution (") +
                                        conv_algo_name(dec.algo) + "): " + why);
+  if (auto err = check_transformed_filter(ConvOp::kForward, dec, w); !err.success()) return err;
   const size_t need = cpu::workspace_bytes(ConvOp::kForward, dec.algo, dec.problem, dec.in_dtype,
                                            dec.out_dtype, /*epilogue=*/true);
   if (workspace->size_bytes() < need)
@@ -119,8 +134,32 @@ ffi::Error bias_act_handler_impl(ffi::AnyBuffer t, ffi::AnyBuffer tb, ffi::AnyBu
   }
 }
 
+// jaxdnn_winograd_filter (ffi_conv.h): U = G w G^T.
+ffi::Error winograd_filter_handler_impl(ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> u,
+                                        ffi::Dictionary attrs) {
+  try {
+    DecodedWinogradFilter dec;
+    if (auto err = decode_winograd_filter_call(w, *u, attrs, &dec); !err.success()) return err;
+    int64_t want[4];
+    cpu::winograd_filter_dims(dec.tile, dec.filter.G, dec.Cig, dec.Cog, dec.u_dtype, want);
+    if (auto err = check_winograd_filter_result(*u, want); !err.success()) return err;
+    std::string err = cpu::winograd_filter_transform(dec.filter, dec.tile, dec.flip, dec.w_dtype,
+                                                     w.untyped_data(), u->untyped_data());
+    if (!err.empty())
+      return ffi::Error::InvalidArgument("jaxdnn Winograd filter transform: " + err);
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxdnn Winograd filter transform: unexpected "
+                                            "exception: ") + e.what());
+  } catch (...) {
+    return ffi::Error::Internal("jaxdnn Winograd filter transform: unexpected exception");
+  }
+}
+
 }  // namespace
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(WinogradFilter, winograd_filter_handler_impl,
+                              bind_winograd_filter_call(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvForward, conv_handler_impl<ConvOp::kForward>,
                               bind_conv_call(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvBackwardData, conv_handler_impl<ConvOp::kBackwardData>,

@@ -8,6 +8,7 @@ namespace jaxdnn::cpu {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvForward);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvBackwardData);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvBackwardFilter);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(WinogradFilter);  // jaxdnn_winograd_filter
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvForwardFused);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BiasActBackward);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(MaxPoolForward);

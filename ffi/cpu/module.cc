@@ -22,6 +22,7 @@ NB_MODULE(_jaxdnn_cpu, m) {
     d["jaxdnn_conv_bwd_data"] = ffi_capsule(cpu::ConvBackwardData);
     d["jaxdnn_conv_bwd_filter"] = ffi_capsule(cpu::ConvBackwardFilter);
     d["jaxdnn_conv_fwd_fused"] = ffi_capsule(cpu::ConvForwardFused);
+    d["jaxdnn_winograd_filter"] = ffi_capsule(cpu::WinogradFilter);
     d["jaxdnn_bias_act_bwd"] = ffi_capsule(cpu::BiasActBackward);
     d["jaxdnn_max_pool_fwd"] = ffi_capsule(cpu::MaxPoolForward);
     d["jaxdnn_max_pool_gather"] = ffi_capsule(cpu::MaxPoolGather);
@@ -67,6 +68,24 @@ NB_MODULE(_jaxdnn_cpu, m) {
                                       problem_from_dict(problem), static_cast<DType>(in_dtype),
                                       static_cast<DType>(out_dtype), /*epilogue=*/true);
         });
+  m.def(
+      "winograd_filter_shape",
+      [](int op, int algo, nb::dict problem, int in_dtype, int out_dtype,
+         int precision) -> nb::object {
+        (void)precision;
+        const ConvOp o = static_cast<ConvOp>(op);
+        const ConvAlgo a = static_cast<ConvAlgo>(algo);
+        const ConvProblem p = problem_from_dict(problem);
+        if (!takes_winograd_filter(o, a) || !cpu::can_implement(o, a, p).empty())
+          return nb::none();
+        int tile;
+        int64_t d[4];
+        cpu::winograd_filter_shape(o, a, p, static_cast<DType>(in_dtype),
+                                   static_cast<DType>(out_dtype), &tile, d);
+        return nb::make_tuple(tile, nb::make_tuple(d[0], d[1], d[2], d[3]));
+      },
+      "(tile, dims of U) of the transformed filter that the Winograd families' forward and "
+      "backward-data calls take (jaxdnn_winograd_filter), or None for other (op, algo) pairs.");
   m.def(
       "bias_act_workspace_bytes",
       [](long long, long long, long long, int, bool) -> size_t { return 0; },

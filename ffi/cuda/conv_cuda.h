@@ -14,6 +14,7 @@
 #include <string>
 
 #include "jaxdnn/conv_problem.h"
+#include "jaxdnn/winograd_filter.h"
 
 namespace jaxdnn::cuda {
 
@@ -66,6 +67,20 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
 std::string winograd_can_implement(const CudaConvCall& c);
 size_t winograd_workspace_bytes(const CudaConvCall& c);
 std::string winograd_run(const CudaConvCall& c, const CudaConvBuffers& io);
+// Both families' forward and backward-data take io.b = U, the transformed filter
+// (takes_winograd_filter, jaxdnn/winograd_filter.h), made by winograd_filter_run (the
+// jaxdnn_winograd_filter call): per (point, group) a zero-padded Cgp x Kgp matrix in the compute
+// type (float32; float64 for float64), dims {(m + 2)^2, G, round_up(Cig, 8), round_up(Cog, 8)}.
+// The tile edge m of `algo` for (op, p): NONFUSED 4 unless the pass output is < 4 on a side;
+// WINOGRAD always 2.
+int winograd_tile(ConvOp op, ConvAlgo algo, const ConvProblem& p);
+void winograd_filter_dims(int tile, long long G, long long Cig, long long Cog, int64_t dims[4]);
+// The tile and dims of U that a takes_winograd_filter call takes.
+void winograd_filter_shape(const CudaConvCall& c, int* tile, int64_t dims[4]);
+// U = G w G^T of a filter (`filter`: layout, G, C, K, filt), flipped and channel-swapped for
+// backward-data when `flip`; w has w_dtype. One kernel launch on `st`; "" or the error.
+std::string winograd_filter_run(const ConvProblem& filter, int tile, bool flip, DType w_dtype,
+                                const void* w, void* u, cudaStream_t st);
 
 // Dispatch over all families (conv_cuda.cu).
 std::string can_implement(const CudaConvCall& c);

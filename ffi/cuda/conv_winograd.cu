@@ -6,8 +6,12 @@
 // Per point xi of the a x a transform domain (a = m + 2) and group g:
 //   Y = AT [ sum_c U[xi][c][k] V[xi][tile][c] ] AT^T,  U = G w G^T,  V = BT d BT^T.
 //
+// The filter transform is its own FFI call (jaxdnn_winograd_filter: winograd_filter_run below):
+// U is an XLA value that the forward and backward-data calls of both families take in place of
+// w, so XLA shares one U between the convolutions of one filter (CSE) and hoists it out of loops.
+//
 // WINOGRAD_NONFUSED, F(4x4,3x3) (F(2x2,3x3) where the pass output is < 4 on a side, as the CPU):
-//   1. filter_transform_kernel: U[xi][g][c][k]  (Cgp x Kgp per (xi, g), zero-padded)
+//   1. filter_transform_kernel: U[xi][g][c][k]  (Cgp x Kgp per (xi, g), zero-padded; own call)
 //   2. input_transform_kernel:  V[xi][t][g][c]  (a chunk of TB tiles; NHWC reads coalesced along c)
 //   3. gemm_kernel, one launch: Mo[xi][t][g][k] = V[xi][t][g][:] * U[xi][g]  (M = tiles of the
 //      chunk, N = K/G, K = C/G), 36 * G products
@@ -19,7 +23,8 @@
 //   fixed order: no atomics, bitwise reproducible.
 // WINOGRAD (fused), F(2x2,3x3): fused_kernel takes 32 tiles x 32 output channels of a group per
 //   CTA; per block of input channels it transforms the input tiles into shared memory, loads the
-//   pre-transformed filter (U, workspace) and accumulates the 16 point products in registers;
+//   pre-transformed filter (U, the jaxdnn_winograd_filter operand) and accumulates the 16 point
+//   products in registers;
 //   the output transform runs on those registers. Backward-data: the same on dy with the
 //   flipped, channel-swapped filter. Backward-filter: fused_wgrad_kernel takes a slice of the
 //   tiles x 32 input x 32 output channels per CTA through both transforms and the per-point
@@ -32,9 +37,10 @@
 // input / output channels), zeros in the pads (the GEMM zero-fills its K tail past a multiple
 // of 8).
 // Workspace (elements of the compute type Tc; TB = tiles per chunk, TBr = round_up(TB, 8)):
-//   fwd/dgrad NONFUSED: a*a G Cgp Kgp (U) + a*a TBr G (Cgp + Kgp) (V, Mo)
+//   fwd/dgrad NONFUSED: a*a TBr G (Cgp + Kgp) (V, Mo); U (a*a G Cgp Kgp) is an operand
 //   wgrad:              a*a S G Cgp Kgp (split partials) + a*a TBr G (Cgp + Kgp) (V, Dy)
-//   fused:              16 G Cgp Kgp (U; wgrad: per tile slice, at most 64 slices)
+//   fused:              none for fwd/dgrad (U is an operand); wgrad: 16 G Cgp Kgp per tile
+//                       slice, at most 64 slices
 //   cap = max(256, kChunkBytes / (a*a * G * (Cgp + Kgp) * sizeof(Tc))), 128 MiB chunks;
 //   TB = tiles if tiles <= cap; else wgrad: cap; fwd/dgrad: a multiple of the GEMM's BM, at most
 //   cap, chosen against wave quantization (chunk_tiles).
@@ -997,14 +1003,10 @@ std::string nonfused_pass(const CudaConvCall& c, const CudaConvBuffers& io) {
   if (tiles == 0 || ps.P == 0 || ps.Q == 0) return "";
   const i64 TB = chunk_tiles(ps, A, sizeof(Tc), true), TBr = round_up(TB, kPad);
   const i64 cip = ps.G * ps.Cgp, cop = ps.G * ps.Kgp;
-  Tc* U = static_cast<Tc*>(io.workspace);
-  Tc* V = U + A2 * ps.G * ps.Cgp * ps.Kgp;
+  const Tc* U = static_cast<const Tc*>(io.b);  // from jaxdnn_winograd_filter
+  Tc* V = static_cast<Tc*>(io.workspace);
   Tc* Mo = V + A2 * TBr * cip;
   cudaStream_t st = io.stream;
-  if (std::string e = filter_transform<T, Tc, M>(static_cast<const T*>(io.b), p, ps,
-                                                 c.op == ConvOp::kBackwardData, U, st);
-      !e.empty())
-    return e;
   GemmArgs ga{};
   ga.A = V, ga.B = U, ga.C = Mo;
   ga.lda = cip, ga.ldb = ps.Kgp, ga.ldc = cop;
@@ -1086,12 +1088,8 @@ std::string fused_pass(const CudaConvCall& c, const CudaConvBuffers& io) {
   const Pass ps = make_pass(c.op, p, 2);
   const i64 tiles = tiles_of(ps);
   if (tiles == 0 || ps.P == 0 || ps.Q == 0) return "";
-  Tc* U = static_cast<Tc*>(io.workspace);
+  const Tc* U = static_cast<const Tc*>(io.b);  // from jaxdnn_winograd_filter
   cudaStream_t st = io.stream;
-  if (std::string e = filter_transform<T, Tc, 2>(static_cast<const T*>(io.b), p, ps,
-                                                 c.op == ConvOp::kBackwardData, U, st);
-      !e.empty())
-    return e;
   const i64 tblocks = ceil_div(tiles, kFusedTiles), kblocks = ceil_div(ps.Cog, kFusedK);
   fused_kernel<T, To, Tc><<<tblocks * kblocks * ps.G, kThreads, 0, st>>>(
       static_cast<const T*>(io.a), U, ps, tiles, tblocks, kblocks, static_cast<To*>(io.out));
@@ -1164,17 +1162,63 @@ size_t winograd_workspace_bytes(const CudaConvCall& c) {
   if (c.algo == ConvAlgo::kWinograd) {
     const Pass ps = make_pass(c.op, p, 2);
     if (tiles_of(ps) == 0 || ps.P == 0 || ps.Q == 0) return 0;
-    const i64 slices = c.op == ConvOp::kBackwardFilter ? fused_wgrad_plan(ps, tc).slices : 1;
-    return static_cast<size_t>(slices * 16 * ps.G * ps.Cgp * ps.Kgp) * tc;
+    if (c.op != ConvOp::kBackwardFilter) return 0;  // U is an operand
+    return static_cast<size_t>(fused_wgrad_plan(ps, tc).slices * 16 * ps.G * ps.Cgp * ps.Kgp) *
+           tc;
   }
   const int m = tile_m(c.op, p), a = m + 2;
   const Pass ps = make_pass(c.op, p, m);
   if (tiles_of(ps) == 0 || ps.P == 0 || ps.Q == 0) return 0;
   const i64 TB = chunk_tiles(ps, a, tc, c.op != ConvOp::kBackwardFilter);
   const i64 TBr = round_up(TB, kPad);
-  const i64 S = c.op == ConvOp::kBackwardFilter ? wgrad_splits(ps, a, TB, tc) : 1;
+  // Backward-filter: S split partials of a*a G Cgp Kgp; forward and backward-data take U as an
+  // operand (S = 0 here).
+  const i64 S = c.op == ConvOp::kBackwardFilter ? wgrad_splits(ps, a, TB, tc) : 0;
   const i64 elems = i64{a} * a * ps.G * (S * ps.Cgp * ps.Kgp + TBr * (ps.Cgp + ps.Kgp));
   return static_cast<size_t>(elems) * tc;
+}
+
+int winograd_tile(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
+  return algo == ConvAlgo::kWinograd ? 2 : tile_m(op, p);
+}
+
+void winograd_filter_dims(int tile, i64 G, i64 Cig, i64 Cog, int64_t dims[4]) {
+  dims[0] = i64{tile + 2} * (tile + 2), dims[1] = G;
+  dims[2] = round_up(Cig, kPad), dims[3] = round_up(Cog, kPad);
+}
+
+void winograd_filter_shape(const CudaConvCall& c, int* tile, int64_t dims[4]) {
+  const ConvProblem& p = c.problem;
+  const bool flip = c.op == ConvOp::kBackwardData;
+  *tile = winograd_tile(c.op, c.algo, p);
+  winograd_filter_dims(*tile, p.G, flip ? p.Kg() : p.Cg(), flip ? p.Cg() : p.Kg(), dims);
+}
+
+std::string winograd_filter_run(const ConvProblem& filter, int tile, bool flip, DType w_dtype,
+                                const void* w, void* u, cudaStream_t st) {
+  if (tile != 2 && tile != 4) return "tile must be 2 or 4";
+  if (std::string why = unsupported(filter); !why.empty()) return why;
+  if (filter.G > 50000) return "Winograd kernels support at most 50000 groups";
+  // Only the fields filter_transform reads: groups and the pass channels (padded).
+  Pass ps{};
+  ps.G = filter.G;
+  ps.Cig = flip ? filter.Kg() : filter.Cg(), ps.Cog = flip ? filter.Cg() : filter.Kg();
+  ps.Cgp = round_up(ps.Cig, kPad), ps.Kgp = round_up(ps.Cog, kPad);
+  auto run = [&](auto tag_t, auto tag_tc) -> std::string {
+    using T = decltype(tag_t);
+    using Tc = decltype(tag_tc);
+    const T* wt = static_cast<const T*>(w);
+    Tc* ut = static_cast<Tc*>(u);
+    return tile == 4 ? filter_transform<T, Tc, 4>(wt, filter, ps, flip, ut, st)
+                     : filter_transform<T, Tc, 2>(wt, filter, ps, flip, ut, st);
+  };
+  switch (w_dtype) {
+    case DType::kF32: return run(float{}, float{});
+    case DType::kF64: return run(double{}, double{});
+    case DType::kBF16: return run(__nv_bfloat16{}, float{});
+    case DType::kF16: return run(__half{}, float{});
+  }
+  return "unsupported filter dtype";
 }
 
 std::string winograd_run(const CudaConvCall& c, const CudaConvBuffers& io) {

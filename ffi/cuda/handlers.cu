@@ -30,6 +30,12 @@ ffi::Error run_conv_call(cudaStream_t stream, ConvOp op, ffi::AnyBuffer a, ffi::
     return ffi::Error::InvalidArgument(std::string("jaxdnn convolution (") +
                                        conv_algo_name(dec.algo) + ", " + conv_op_name(op) +
                                        "): " + why);
+  if (takes_winograd_filter(op, dec.algo)) {  // b is U (ffi_conv.h)
+    int tile;
+    int64_t want[4];
+    cuda::winograd_filter_shape(call, &tile, want);
+    if (auto err = check_winograd_filter_dims(b, want, dec, op); !err.success()) return err;
+  }
   const size_t need = cuda::workspace_bytes(call);
   if (workspace->size_bytes() < need)
     return ffi::Error::InvalidArgument("jaxdnn convolution: workspace buffer is too small (" +
@@ -59,6 +65,28 @@ ffi::Error conv_handler_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuff
   }
 }
 
+// jaxdnn_winograd_filter (ffi_conv.h): U = G w G^T, one kernel launch.
+ffi::Error winograd_filter_impl(cudaStream_t stream, ffi::AnyBuffer w,
+                                ffi::Result<ffi::AnyBuffer> u, ffi::Dictionary attrs) {
+  try {
+    DecodedWinogradFilter dec;
+    if (auto err = decode_winograd_filter_call(w, *u, attrs, &dec); !err.success()) return err;
+    int64_t want[4];
+    cuda::winograd_filter_dims(dec.tile, dec.filter.G, dec.Cig, dec.Cog, want);
+    if (auto err = check_winograd_filter_result(*u, want); !err.success()) return err;
+    if (u->element_count() == 0) return ffi::Error::Success();
+    std::string err = cuda::winograd_filter_run(dec.filter, dec.tile, dec.flip, dec.w_dtype,
+                                                w.untyped_data(), u->untyped_data(), stream);
+    if (!err.empty()) return ffi::Error::Internal("jaxdnn Winograd filter transform: " + err);
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxdnn Winograd filter transform: unexpected "
+                                            "exception: ") + e.what());
+  } catch (...) {
+    return ffi::Error::Internal("jaxdnn Winograd filter transform: unexpected exception");
+  }
+}
+
 auto conv_binding() {
   return bind_conv_call(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>());
 }
@@ -71,5 +99,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvBackwardData, conv_handler_impl<ConvOp::kBackw
                               conv_binding(), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvBackwardFilter, conv_handler_impl<ConvOp::kBackwardFilter>,
                               conv_binding(), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    WinogradFilter, winograd_filter_impl,
+    bind_winograd_filter_call(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+    {ffi::Traits::kCmdBufferCompatible});
 
 }  // namespace jaxdnn::cuda

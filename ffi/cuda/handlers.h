@@ -9,6 +9,7 @@ namespace jaxdnn::cuda {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvForward);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvBackwardData);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvBackwardFilter);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(WinogradFilter);  // jaxdnn_winograd_filter
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ConvForwardFused);  // fused.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BiasActBackward);   // fused.cu
 // Pooling (pool_handlers.cu).

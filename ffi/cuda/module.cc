@@ -45,6 +45,7 @@ NB_MODULE(_jaxdnn_cuda, m) {
     d["jaxdnn_conv_bwd_data"] = ffi_capsule(cuda::ConvBackwardData);
     d["jaxdnn_conv_bwd_filter"] = ffi_capsule(cuda::ConvBackwardFilter);
     d["jaxdnn_conv_fwd_fused"] = ffi_capsule(cuda::ConvForwardFused);
+    d["jaxdnn_winograd_filter"] = ffi_capsule(cuda::WinogradFilter);
     d["jaxdnn_bias_act_bwd"] = ffi_capsule(cuda::BiasActBackward);
     d["jaxdnn_max_pool_fwd"] = ffi_capsule(cuda::MaxPoolForward);
     d["jaxdnn_max_pool_gather"] = ffi_capsule(cuda::MaxPoolGather);
@@ -97,6 +98,22 @@ NB_MODULE(_jaxdnn_cuda, m) {
             make_call(0, algo, problem_from_dict(problem), in_dtype, out_dtype, precision);
         return cuda::can_implement_fused(c).empty() ? cuda::workspace_bytes(c) : 0;
       });
+  m.def(
+      "winograd_filter_shape",
+      [](int op, int algo, nb::dict problem, int in_dtype, int out_dtype,
+         int precision) -> nb::object {
+        if (!check_enums(op, algo, in_dtype, out_dtype, precision).empty()) return nb::none();
+        const cuda::CudaConvCall c =
+            make_call(op, algo, problem_from_dict(problem), in_dtype, out_dtype, precision);
+        if (!takes_winograd_filter(c.op, c.algo) || !cuda::can_implement(c).empty())
+          return nb::none();
+        int tile;
+        int64_t d[4];
+        cuda::winograd_filter_shape(c, &tile, d);
+        return nb::make_tuple(tile, nb::make_tuple(d[0], d[1], d[2], d[3]));
+      },
+      "(tile, dims of U) of the transformed filter that the Winograd families' forward and "
+      "backward-data calls take (jaxdnn_winograd_filter), or None for other (op, algo) pairs.");
   m.def(
       "bias_act_workspace_bytes",
       [](long long outer, long long k, long long inner, int dtype, bool reduce) -> size_t {

@@ -91,9 +91,17 @@ FAMILY_NOTES = {
         "transforms as separate kernels through workspace and the per-point channel products as "
         "one batched SIMT GEMM launch (128x128 tiles, fp32 FFMA, true fp32 at every precision; "
         "float64 in DFMA; bfloat16/float16 operands widened to fp32, so their error is the "
-        "output rounding). Workspace: filter transform (or the backward-filter split partials) "
+        "output rounding). Workspace: the backward-filter split partials (backward-filter only) "
         "plus chunks of transformed tiles, at most about 128 MiB of them. Backward-filter is "
-        "deterministic (fixed-order split reduction, no atomics)"),
+        "deterministic (fixed-order split reduction, no atomics). "
+        "Both backends: the filter transform U = G w G^T of the forward and backward-data (the "
+        "flipped, channel-swapped filter) is its own custom call, jaxdnn_winograd_filter, whose "
+        "result (float32, float64 for float64; the backend's GEMM layout: CPU packed panels, CUDA "
+        "zero-padded [a*a][G][Cg8][Kg8]) the convolution call takes in place of w. It is cached "
+        "the functional way: XLA's CSE shares one U between all convolutions of one filter with "
+        "one tile size (weight tying, repeated layers, remat with prevent_cse=False), and "
+        "while-loop invariant code motion hoists it out of scan / fori_loop bodies whose filter "
+        "is loop-invariant. The workspace no longer holds U"),
     ConvAlgo.WINOGRAD: (
         "CPU: fused F(2x2,3x3): per thread, blocks of 24 tiles through input transform, 16 "
         "products and output transform in cache-resident buffers; backward-filter: up to 8 "
@@ -101,8 +109,10 @@ FAMILY_NOTES = {
         "per-point products into its own accumulator (workspace, at most 64 MB), added in "
         "slice order (deterministic). Same geometry and bounds as WINOGRAD_NONFUSED. "
         "CUDA: one kernel per block of 32 tiles x 32 output channels (input transform into "
-        "shared memory, products in registers, output transform), after a filter-transform "
-        "pass into workspace (16 x C x K/G elements); backward-filter too: per slice of the "
+        "shared memory, products in registers, output transform) on the transformed filter U "
+        "(16 x C x K/G elements), which, as for WINOGRAD_NONFUSED, is its own custom call "
+        "(jaxdnn_winograd_filter, shared by CSE and hoisted out of loops; on the CPU too, so the "
+        "forward and backward-data need no workspace); backward-filter too: per slice of the "
         "tiles, both transforms and the per-point products in one kernel, the slices' sums "
         "(workspace, at most 64 slices) added in order (deterministic); fp32 (float64 for "
         "float64) arithmetic"),
@@ -192,6 +202,25 @@ def workspace_bytes(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeo
   if query is not None:
     return int(query(*args[1:]))
   return int(module.workspace_bytes(*args))
+
+
+def winograd_filter_shape(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
+                          batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
+                          precision: MathPrecision):
+  """(tile, dims of U) when `algo` runs `op` on a pre-transformed filter, else None.
+
+  The Winograd families' forward and backward-data take U = G w G^T, the result of a separate
+  jaxdnn_winograd_filter call, in place of w (ffi_conv.h), so that XLA shares one U between the
+  convolutions of one filter and hoists it out of loops. Asked of the backend, which knows the
+  layout its GEMMs read.
+  """
+  if algo not in (ConvAlgo.WINOGRAD, ConvAlgo.WINOGRAD_NONFUSED) or op == ConvOp.BACKWARD_FILTER:
+    return None
+  module = ffi.extension(platform)
+  args = _query_args(op, algo, geometry, batch, channels, out_channels, in_dtype, out_dtype,
+                     precision)
+  spec = module.winograd_filter_shape(*args)
+  return None if spec is None else (int(spec[0]), tuple(int(d) for d in spec[1]))
 
 
 def _fft_tiling_pays(geometry: ConvGeometry, cg: int, kg: int, taps: int) -> bool:

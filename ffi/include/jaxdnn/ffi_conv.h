@@ -9,6 +9,22 @@
 //     in_spatial, filter_spatial, stride, rhs_dilation, lhs_dilation, pad_lo, pad_hi:
 //       i64 arrays, one entry per spatial dimension (1 to 3)
 // Batch and channel counts are read from the buffers and checked against each other.
+// WINOGRAD and WINOGRAD_NONFUSED forward and backward-data (takes_winograd_filter): operand b is
+// the transformed filter U (the result of jaxdnn_winograd_filter below), not w; the filter's
+// shape is then read from the geometry (filter_spatial, channels of a and out), and U's dims
+// and dtype are checked by the backend against the ones its winograd_filter_dims gives.
+//
+// Filter transform of the Winograd families, target jaxdnn_winograd_filter:
+//   U = G w G^T for every (group, pass input channel, pass output channel) of a 2-D 3x3 filter
+//   (or a 3-D one of depth 1), in the layout the backend's per-point GEMMs read (CPU: gemm.h's
+//   packed-B panels; CUDA: zero-padded [a*a][G][Cgp][Kgp]).
+//   operand:  w (the filter, f32, f64, bf16 or f16; HWIO / DHWIO or OIHW / OIDHW by layout)
+//   result:   U, float32 (float64 for a float64 w), dims from the backend's query
+//             winograd_filter_shape (a 4-D array whose leading dims are a*a points and G groups)
+//   attributes: layout: i32, groups: i64, tile: i32 (the output tile edge m: 2 or 4, so a = m + 2),
+//     flip: i32 (0: the forward's filter; 1: backward-data's, w'(r, s, c, k) = w(2-r, 2-s, k, c))
+//   No workspace, no side effect: identical calls on one w are one XLA value (CSE), and a call
+//   on a loop-invariant w is loop-invariant (hoisted out of while loops).
 //
 // Fused forward, target jaxdnn_conv_fwd_fused (the same name on every platform):
 //   y = act(z),  z = conv(x, w) + bias[k] + residual[n, ..., k]      (conv_problem.h ConvEpilogue)
@@ -45,6 +61,7 @@
 #include <utility>
 
 #include "jaxdnn/conv_problem.h"
+#include "jaxdnn/winograd_filter.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxdnn {
@@ -189,11 +206,18 @@ inline ffi::Error decode_conv_call(ConvOp op, const ffi::AnyBuffer& a, const ffi
     case ConvOp::kBackwardData: y = &a; w = &b; x = &out; break;
     case ConvOp::kBackwardFilter: x = &a; y = &b; w = &out; break;
   }
-  int64_t xn, xc, xs[3], yn, yk, ys[3], wcg, wk, ws[3];
+  // The Winograd families' forward and backward-data take U as b: the filter's shape follows
+  // from the channels of the activations and the geometry.
+  const bool transformed = takes_winograd_filter(op, dec->algo);
+  int64_t xn, xc, xs[3], yn, yk, ys[3], wcg = 0, wk = 0, ws[3];
   if (!internal::split_activation(x->dimensions(), p.layout, nsd, &xn, &xc, xs) ||
       !internal::split_activation(y->dimensions(), p.layout, nsd, &yn, &yk, ys) ||
-      !internal::split_filter(w->dimensions(), p.layout, nsd, &wcg, &wk, ws))
+      (!transformed && !internal::split_filter(w->dimensions(), p.layout, nsd, &wcg, &wk, ws)))
     return invalid("operand ranks do not match");
+  if (transformed) {
+    wcg = groups > 0 ? xc / groups : 0, wk = yk;
+    for (int i = 0; i < 3; ++i) ws[i] = p.filt[i];
+  }
   if (xn != yn) return invalid("batch sizes of input and output do not match");
   if (groups <= 0 || xc % groups != 0 || wk % groups != 0 || xc / groups != wcg)
     return invalid("channel counts do not match feature_group_count");
@@ -205,11 +229,108 @@ inline ffi::Error decode_conv_call(ConvOp op, const ffi::AnyBuffer& a, const ffi
   p.K = wk;
   if (std::string why = validate_problem(p); !why.empty()) return invalid(why);
 
-  if (!to_dtype(a.element_type(), &dec->in_dtype) || b.element_type() != a.element_type())
+  if (!to_dtype(a.element_type(), &dec->in_dtype) ||
+      (!transformed && b.element_type() != a.element_type()))
     return invalid("operands must both be float32, float64, bfloat16 or float16");
   if (!to_dtype(out.element_type(), &dec->out_dtype))
     return invalid("result must be float32, float64, bfloat16 or float16");
+  if (transformed) {
+    DType u;
+    if (!to_dtype(b.element_type(), &u) || u != winograd_filter_dtype(dec->in_dtype, dec->out_dtype))
+      return invalid(std::string(conv_algo_name(dec->algo)) + " " + conv_op_name(op) +
+                     " takes the transformed filter U (jaxdnn_winograd_filter's result) in " +
+                     (winograd_filter_dtype(dec->in_dtype, dec->out_dtype) == DType::kF64
+                          ? "float64" : "float32") + " as its second operand");
+  }
   return ffi::Error::Success();
+}
+
+// Checks U (operand b of a takes_winograd_filter call) against the dims the backend expects.
+inline ffi::Error check_winograd_filter_dims(const ffi::AnyBuffer& u, const int64_t want[4],
+                                             const DecodedConv& dec, ConvOp op) {
+  const auto d = u.dimensions();
+  bool ok = d.size() == 4;
+  for (size_t i = 0; ok && i < 4; ++i) ok = d[i] == want[i];
+  if (ok) return ffi::Error::Success();
+  std::string got, exp;
+  for (size_t i = 0; i < d.size(); ++i) got += (i ? ", " : "") + std::to_string(d[i]);
+  for (int i = 0; i < 4; ++i) exp += (i ? ", " : "") + std::to_string(want[i]);
+  return internal::invalid(std::string(conv_algo_name(dec.algo)) + " " + conv_op_name(op) +
+                           ": the transformed filter U has dims (" + got + "), expected (" + exp +
+                           ") for this geometry (jaxdnn_winograd_filter with the same layout, "
+                           "groups, tile and flip)");
+}
+
+// Appends what the jaxdnn_winograd_filter handler binds after its platform context (if any).
+template <typename Binding>
+auto bind_winograd_filter_call(Binding&& binding) {
+  return std::forward<Binding>(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attrs<ffi::Dictionary>();
+}
+
+// One decoded jaxdnn_winograd_filter call. `filter` describes w only (layout, G, C = Cg * G, K,
+// filt; the other fields are unused); Cig / Cog are the pass's input / output channels per group
+// (forward: C/G, K/G; flip: K/G, C/G).
+struct DecodedWinogradFilter {
+  ConvProblem filter;
+  int tile = 4;
+  bool flip = false;
+  int64_t Cig = 0, Cog = 0;
+  DType w_dtype = DType::kF32, u_dtype = DType::kF32;
+};
+
+inline ffi::Error decode_winograd_filter_call(const ffi::AnyBuffer& w, const ffi::AnyBuffer& u,
+                                              const ffi::Dictionary& attrs,
+                                              DecodedWinogradFilter* dec) {
+  auto invalid = [](const std::string& msg) {
+    return ffi::Error::InvalidArgument("jaxdnn Winograd filter transform: " + msg);
+  };
+  int32_t layout = 0, tile = 0, flip = 0;
+  int64_t groups = 1;
+  if (auto e = internal::get_attr(attrs, "layout", &layout); !e.success()) return e;
+  if (auto e = internal::get_attr(attrs, "groups", &groups); !e.success()) return e;
+  if (auto e = internal::get_attr(attrs, "tile", &tile); !e.success()) return e;
+  if (auto e = internal::get_attr(attrs, "flip", &flip); !e.success()) return e;
+  if (layout != 0 && layout != 1) return invalid("layout must be 0 (NHWC) or 1 (NCHW)");
+  if (tile != 2 && tile != 4) return invalid("tile must be 2 or 4");
+  if (flip != 0 && flip != 1) return invalid("flip must be 0 or 1");
+  ConvProblem& p = dec->filter;
+  p.layout = static_cast<Layout>(layout);
+  const int nsd = static_cast<int>(w.dimensions().size()) - 2;
+  if (nsd != 2 && nsd != 3) return invalid("the filter must be 2-D (or 3-D of depth 1)");
+  p.spatial_dims = nsd;
+  int64_t cg, k;
+  if (!internal::split_filter(w.dimensions(), p.layout, nsd, &cg, &k, p.filt))
+    return invalid("the filter's rank does not match");
+  if (p.filt[0] != 1 || p.filt[1] != 3 || p.filt[2] != 3)
+    return invalid("the filter must be 3x3 (depth 1 in 3-D)");
+  if (groups <= 0 || k % groups != 0) return invalid("output channels must divide into groups");
+  p.G = groups, p.C = cg * groups, p.K = k;
+  dec->tile = tile;
+  dec->flip = flip != 0;
+  dec->Cig = dec->flip ? k / groups : cg;
+  dec->Cog = dec->flip ? cg : k / groups;
+  if (!to_dtype(w.element_type(), &dec->w_dtype))
+    return invalid("the filter must be float32, float64, bfloat16 or float16");
+  dec->u_dtype = dec->w_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  DType u_type;
+  if (!to_dtype(u.element_type(), &u_type) || u_type != dec->u_dtype)
+    return invalid(std::string("U must be ") +
+                   (dec->u_dtype == DType::kF64 ? "float64" : "float32") + " for this filter");
+  return ffi::Error::Success();
+}
+
+// Checks the transform's result U against the dims the backend expects.
+inline ffi::Error check_winograd_filter_result(const ffi::AnyBuffer& u, const int64_t want[4]) {
+  const auto d = u.dimensions();
+  bool ok = d.size() == 4;
+  for (size_t i = 0; ok && i < 4; ++i) ok = d[i] == want[i];
+  if (ok) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(
+      "jaxdnn Winograd filter transform: U has the wrong dims for this filter, tile and backend "
+      "(size it with the extension's winograd_filter_shape query)");
 }
 
 // Appends what the fused forward handler binds after its platform context (if any): operands

@@ -288,6 +288,36 @@ def _kernel_dtypes(in_dtype, out_dtype):
   return in_dtype, in_dtype
 
 
+WINOGRAD_FILTER_TARGET = "jaxdnn_winograd_filter"
+
+
+def _winograd_u_dtype(kin, kout):
+  """The type the Winograd kernels compute (and keep U) in: float64 or float32."""
+  wide = np.dtype(np.float64) in (np.dtype(kin), np.dtype(kout))
+  return np.dtype(np.float64) if wide else np.dtype(np.float32)
+
+
+def filter_operand(platform, op, chosen, w, geometry, n, c, k, kin, kout, precision):
+  """Operand b of the kernel call for a forward or backward-data with filter w.
+
+  The Winograd families take the transformed filter U = G w G^T instead (the filter-transform
+  cache): a separate custom call jaxdnn_winograd_filter, w -> U, whose attributes hold only what
+  U depends on (layout, groups, tile, flip), so XLA's CSE gives one U to every convolution of the
+  same w with the same tile (weight tying, remat's recompute, one layer applied several times),
+  and loop-invariant code motion hoists it out of a while loop whose w is loop-invariant. The
+  call has no side effect and no workspace. Every other family takes w itself.
+  """
+  spec = algorithms.winograd_filter_shape(platform, op, chosen, geometry, n, c, k, kin, kout,
+                                          precision)
+  if spec is None:
+    return w.astype(kin)
+  tile, dims = spec
+  call = jax.ffi.ffi_call(WINOGRAD_FILTER_TARGET,
+                          jax.ShapeDtypeStruct(dims, _winograd_u_dtype(kin, kout)))
+  return call(w.astype(kin), layout=np.int32(geometry.layout), groups=np.int64(geometry.groups),
+              tile=np.int32(tile), flip=np.int32(op == ConvOp.BACKWARD_DATA))
+
+
 def _ffi_call(op, platform, a, b, *, geometry, algo, precision, out_dtype):
   n, c, k = problem_sizes(op, a.shape, b.shape, geometry)
   out_shape = _expected_operand_shapes(op, n, c, k, geometry)[2]
@@ -297,10 +327,14 @@ def _ffi_call(op, platform, a, b, *, geometry, algo, precision, out_dtype):
   chosen = algorithms.choose_algorithm(platform, op, algo, geometry, n, c, k, kin, kout,
                                        precision)
   ws = algorithms.workspace_bytes(platform, op, chosen, geometry, n, c, k, kin, kout, precision)
+  if op == ConvOp.BACKWARD_FILTER:
+    b = b.astype(kin)
+  else:  # b is the filter: the Winograd families take its transform
+    b = filter_operand(platform, op, chosen, b, geometry, n, c, k, kin, kout, precision)
   call = jax.ffi.ffi_call(
       _FFI_TARGETS[op],
       (jax.ShapeDtypeStruct(out_shape, kout), jax.ShapeDtypeStruct((ws,), np.uint8)))
-  out, _ = call(a.astype(kin), b.astype(kin), algo=np.int32(chosen.id),
+  out, _ = call(a.astype(kin), b, algo=np.int32(chosen.id),
                 precision=np.int32(precision), **geometry.ffi_attributes())
   return out.astype(out_dtype)
 

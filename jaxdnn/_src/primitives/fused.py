@@ -472,7 +472,9 @@ def _fused_ffi_call(platform, x, w, bias, residual, *, geometry, algo, precision
       (jax.ShapeDtypeStruct(y_shape, kout),
        jax.ShapeDtypeStruct(y_shape if with_preact else (0,), kout),
        jax.ShapeDtypeStruct((ws,), np.uint8)))
-  y, z, _ = call(x.astype(kin), w.astype(kin),
+  w_operand = conv_prims.filter_operand(platform, ConvOp.FORWARD, chosen, w, g, n, c, k, kin,
+                                        kout, precision)
+  y, z, _ = call(x.astype(kin), w_operand,
                  absent if bias is None else bias.astype(kout),
                  absent if residual is None else residual.astype(kout),
                  algo=np.int32(chosen.id), precision=np.int32(precision),
