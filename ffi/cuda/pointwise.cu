@@ -11,6 +11,9 @@
 // time; 16-bit types compute in float, float64 in double.
 //
 // Softmax over [outer, n, inner], max-subtracted, sums in float (double for float64):
+//   inner == 1, n a multiple of the 16-byte vector width V and n <= 128 V, aligned operands:
+//                          32 / L rows per warp, L lanes per row, 16-byte loads, the row held in
+//                          registers (read once, written once);
 //   inner == 1, n <= 1024: one warp per row, the row held in registers (read once, written once);
 //   inner == 1, n > 1024:  one block per row, three passes over the row (max, sum, write);
 //   inner > 1:             one thread per (outer, inner) column, three passes down the column
@@ -245,17 +248,18 @@ template <> __device__ __forceinline__ float log_c<float>(float v) { return logf
 // NaN is skipped by the max (it reaches the output through the sum instead, as in jax.nn).
 template <typename C> __device__ __forceinline__ C max_c(C a, C b) { return b > a ? b : a; }
 
+// Max / sum over aligned groups of `width` lanes (a power of two; the whole warp by default).
 template <typename C>
-__device__ __forceinline__ C warp_max(C v) {
+__device__ __forceinline__ C warp_max(C v, int width = 32) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max_c(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = width >> 1; o > 0; o >>= 1) v = max_c(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
 template <typename C>
-__device__ __forceinline__ C warp_sum(C v) {
+__device__ __forceinline__ C warp_sum(C v, int width = 32) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = width >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
@@ -373,6 +377,108 @@ __global__ void __launch_bounds__(kWarpRowThreads)
   }
 }
 
+// --- rows of 16-byte vectors, several rows per warp (n a multiple of V = 16 / sizeof(S), at
+// most 32 * NV vectors, 16-byte-aligned operands) ---
+// L lanes per row (a power of two <= 32), 32 / L rows per warp; lane l of a row holds its vectors
+// l, l + L, ..., l + (NV - 1) L. A row of 64 bf16 channels takes 8 lanes with one 16-byte load
+// each, where the warp-per-row kernels load 2 bytes per lane.
+template <typename S, bool kLog, int NV>
+__global__ void __launch_bounds__(kWarpRowThreads)
+    softmax_fwd_vec(const S* __restrict__ x, S* __restrict__ y, i64 rows, int n, int L) {
+  using C = typename Elem<S>::C;
+  constexpr int V = 16 / sizeof(S);
+  const int lane = threadIdx.x & 31, l = lane & (L - 1), nvec = n / V, per_warp = 32 / L;
+  const i64 step = static_cast<i64>(gridDim.x) * (blockDim.x >> 5) * per_warp;
+  for (i64 r0 = (static_cast<i64>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5)) * per_warp;
+       r0 < rows; r0 += step) {  // warp-uniform: every lane reaches the shuffles
+    const i64 row = r0 + lane / L;
+    const bool live = row < rows;
+    C v[NV][V];
+    C m = neg_inf<C>();
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int q = k * L + l;
+      uint4 u = make_uint4(0, 0, 0, 0);
+      if (live && q < nvec) u = __ldg(reinterpret_cast<const uint4*>(x + row * n) + q);
+      const S* e = reinterpret_cast<const S*>(&u);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        v[k][j] = live && q < nvec ? to_c(e[j]) : neg_inf<C>();
+        m = max_c(m, v[k][j]);
+      }
+    }
+    m = warp_max(m, L);
+    C sum = 0;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      if (k * L + l < nvec) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const C e = exp_c(v[k][j] - m);
+          sum += e;
+          if constexpr (!kLog) v[k][j] = e;
+        }
+      }
+    }
+    sum = warp_sum(sum, L);
+    if (!live) continue;
+    const C lse = kLog ? log_c(sum) : C(0), inv = kLog ? C(0) : C(1) / sum;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int q = k * L + l;
+      if (q >= nvec) continue;
+      uint4 u;
+      S* e = reinterpret_cast<S*>(&u);
+#pragma unroll
+      for (int j = 0; j < V; ++j) e[j] = from_c<S>(kLog ? (v[k][j] - m) - lse : v[k][j] * inv);
+      reinterpret_cast<uint4*>(y + row * n)[q] = u;
+    }
+  }
+}
+
+template <typename S, SoftmaxOp kOp, int NV>
+__global__ void __launch_bounds__(kWarpRowThreads)
+    softmax_bwd_vec(const S* __restrict__ y, const S* __restrict__ g, S* __restrict__ out,
+                    i64 rows, int n, int L) {
+  using C = typename Elem<S>::C;
+  constexpr int V = 16 / sizeof(S);
+  const int lane = threadIdx.x & 31, l = lane & (L - 1), nvec = n / V, per_warp = 32 / L;
+  const i64 step = static_cast<i64>(gridDim.x) * (blockDim.x >> 5) * per_warp;
+  for (i64 r0 = (static_cast<i64>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5)) * per_warp;
+       r0 < rows; r0 += step) {
+    const i64 row = r0 + lane / L;
+    const bool live = row < rows;
+    uint4 yu[NV], gu[NV];
+    C sum = 0;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int q = k * L + l;
+      if (live && q < nvec) {
+        yu[k] = __ldg(reinterpret_cast<const uint4*>(y + row * n) + q);
+        gu[k] = __ldg(reinterpret_cast<const uint4*>(g + row * n) + q);
+        const S* ye = reinterpret_cast<const S*>(&yu[k]);
+        const S* ge = reinterpret_cast<const S*>(&gu[k]);
+#pragma unroll
+        for (int j = 0; j < V; ++j) sum += bwd_term<kOp, C>(to_c(ye[j]), to_c(ge[j]));
+      }
+    }
+    sum = warp_sum(sum, L);
+    if (!live) continue;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int q = k * L + l;
+      if (q >= nvec) continue;
+      const S* ye = reinterpret_cast<const S*>(&yu[k]);
+      const S* ge = reinterpret_cast<const S*>(&gu[k]);
+      uint4 u;
+      S* e = reinterpret_cast<S*>(&u);
+#pragma unroll
+      for (int j = 0; j < V; ++j) e[j] = from_c<S>(bwd_out<kOp, C>(to_c(ye[j]), to_c(ge[j]), sum));
+      reinterpret_cast<uint4*>(out + row * n)[q] = u;
+    }
+  }
+}
+
 // --- one block per row ---
 
 template <typename S, bool kLog>
@@ -467,6 +573,35 @@ unsigned grid_for(i64 work, int threads_or_rows_per_block, i64 cap) {
   return static_cast<unsigned>(std::max<i64>(1, std::min(b, cap)));
 }
 
+// Vector-row kernels: L lanes per row for rows of nvec <= 32 * NV vectors.
+template <typename S, int NV>
+void launch_vec_rows(const SoftmaxCall& c, const S* x, const S* v, S* out, int L,
+                     cudaStream_t st) {
+  const unsigned grid = grid_for(c.outer, kWarpRowThreads / 32 * (32 / L), kMaxGrid);
+  const int n = static_cast<int>(c.n);
+  if (!c.backward) {
+    if (c.op == SoftmaxOp::kLogSoftmax)
+      softmax_fwd_vec<S, true, NV><<<grid, kWarpRowThreads, 0, st>>>(x, out, c.outer, n, L);
+    else
+      softmax_fwd_vec<S, false, NV><<<grid, kWarpRowThreads, 0, st>>>(x, out, c.outer, n, L);
+    return;
+  }
+  switch (c.op) {
+    case SoftmaxOp::kSoftmax:
+      softmax_bwd_vec<S, SoftmaxOp::kSoftmax, NV><<<grid, kWarpRowThreads, 0, st>>>(
+          x, v, out, c.outer, n, L);
+      break;
+    case SoftmaxOp::kLogSoftmax:
+      softmax_bwd_vec<S, SoftmaxOp::kLogSoftmax, NV><<<grid, kWarpRowThreads, 0, st>>>(
+          x, v, out, c.outer, n, L);
+      break;
+    case SoftmaxOp::kLogSoftmaxJvp:
+      softmax_bwd_vec<S, SoftmaxOp::kLogSoftmaxJvp, NV><<<grid, kWarpRowThreads, 0, st>>>(
+          x, v, out, c.outer, n, L);
+      break;
+  }
+}
+
 // Warp-per-row kernels for rows of up to 32 * kPer elements.
 template <typename S, int kPer>
 void launch_warp_rows(const SoftmaxCall& c, const S* x, const S* v, S* out, cudaStream_t st) {
@@ -501,7 +636,19 @@ std::string softmax_typed(const SoftmaxCall& c, const void* xv, const void* vv, 
   const S* x = static_cast<const S*>(xv);
   const S* v = static_cast<const S*>(vv);
   S* out = static_cast<S*>(outv);
-  if (c.inner == 1 && c.n <= 1024) {
+  constexpr int V = 16 / sizeof(S);
+  const auto aligned = [](const void* p) {
+    return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  };
+  const i64 nvec = c.n / V;
+  if (c.inner == 1 && c.n % V == 0 && nvec >= 1 && nvec <= 128 && aligned(x) && aligned(v) &&
+      aligned(out)) {
+    int L = 1;  // lanes per row: the vectors spread over up to 32 lanes, then up to 4 per lane
+    while (L < 32 && L < nvec) L *= 2;
+    if (nvec <= 32) launch_vec_rows<S, 1>(c, x, v, out, L, st);
+    else if (nvec <= 64) launch_vec_rows<S, 2>(c, x, v, out, L, st);
+    else launch_vec_rows<S, 4>(c, x, v, out, L, st);
+  } else if (c.inner == 1 && c.n <= 1024) {
     if (c.n <= 32) launch_warp_rows<S, 1>(c, x, v, out, st);
     else if (c.n <= 64) launch_warp_rows<S, 2>(c, x, v, out, st);
     else if (c.n <= 128) launch_warp_rows<S, 4>(c, x, v, out, st);

@@ -294,7 +294,12 @@ void check_softmax(bool full) {
   std::vector<Shape> shapes = {{7, 1, 1},   {5, 17, 1},  {3, 32, 1},    {3, 33, 1},
                                {4, 100, 1}, {3, 200, 1}, {2, 400, 1},   {2, 1024, 1},
                                {2, 1025, 1}, {2, 5000, 1}, {3, 7, 5},   {2, 300, 130},
-                               {1, 3, 1000}, {1000, 1, 2}};
+                               {1, 3, 1000}, {1000, 1, 2},
+                               // the vector-row kernels (n a multiple of the vector width):
+                               // 1 to 32 lanes per row, 1, 2 and 4 vectors per lane, row
+                               // counts that leave a warp's last row groups empty
+                               {9, 8, 1},   {37, 16, 1}, {37, 64, 1},   {33, 256, 1},
+                               {5, 512, 1}, {131, 24, 1}};
   if (full) shapes.push_back({64, 50000, 1});
   for (const DT& t : kDTypes)
     for (const Shape& sh : shapes)
