@@ -1,10 +1,10 @@
 // The math policy of the CUDA activation kernels and fused epilogues (activation.h's M): CUDA's
-// math library, except erfc in float, which goes through jaxdnn's erfcx fit (erfcx_fit.h):
-// erfc(|x|) = e^(-x^2) R(1 / (1 + |x|/2)), reflected for x < 0, with expf, the fast
-// approximate division (2 ulp) for t, and an FMA correcting the rounding of x^2. CUDA's erfcf is
-// about twice the instructions, which made exact gelu compute-bound (1.9 TB/s in bf16 on the
-// H200 against 3.3+ TB/s for sigmoid and silu). Relative error of this erfc: below 1e-6 where
-// erfc(x) > 1e-30 (tests/cuda/pointwise checks it against double erfc).
+// math library, except float expm1 and erfc. erfc goes through jaxdnn's erfcx fit (erfcx_fit.h):
+// erfc(|x|) = e^(-x^2) R(1 / (1 + |x|/2)), reflected for x < 0, with expf, the fast approximate
+// division (2 ulp) for t, and an FMA correcting the rounding of x^2. CUDA's erfcf is about twice
+// the instructions, which made exact gelu compute-bound (1.9 TB/s in bf16 on the H200 against
+// 3.3+ TB/s for sigmoid and silu). Relative errors: erfc below 1e-6 where erfc(x) > 1e-30,
+// expm1 below 1e-6 (tests/cuda/pointwise checks both against double precision).
 #ifndef JAXDNN_CUDA_DEVICE_MATH_CUH_
 #define JAXDNN_CUDA_DEVICE_MATH_CUH_
 
@@ -36,6 +36,20 @@ struct DeviceMath : StdMath {
       return x != x ? x : r;  // fminf dropped the NaN
     } else {
       return StdMath::erfc(x);
+    }
+  }
+
+  // e^x - 1: its Taylor polynomial to x^8 where |x| < ln(2)/2 (relative error below 1e-7 there),
+  // expf(x) - 1 elsewhere (|e^x - 1| > 0.29: at most 4e-7); CUDA's expm1f costs about twice as
+  // much, which held elu's forward to 2.3 TB/s in bf16 on the H200.
+  template <class T>
+  static __device__ __forceinline__ T expm1(T x) {
+    if constexpr (std::is_same_v<T, float>) {
+      const float small = x * (1.0f + x * (0.5f + x * (1.0f / 6 + x * (1.0f / 24 + x * (
+          1.0f / 120 + x * (1.0f / 720 + x * (1.0f / 5040 + x * (1.0f / 40320))))))));
+      return fabsf(x) < 0.34657359f ? small : expf(x) - 1.0f;  // NaN: expf(NaN) - 1 = NaN
+    } else {
+      return StdMath::expm1(x);
     }
   }
 

@@ -137,15 +137,19 @@ void report(bool ok, const std::string& what, double err, double tol) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The kernels' float erfc (device_math.cuh) elementwise against double erfc: relative error at
-// most 1e-6 wherever erfc(x) > 1e-30 (x < 8.1), exact 2 / 0 / NaN at -inf / +inf / NaN.
+// The kernels' float erfc and expm1 (device_math.cuh) elementwise against double precision:
+// relative error at most 1e-6 (erfc: wherever erfc(x) > 1e-30, x < 8.1), exact special values.
 
 __global__ void erfc_kernel(const float* x, float* y, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = jaxdnn::cuda::DeviceMath::erfc(x[i]);
 }
+__global__ void expm1_kernel(const float* x, float* y, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = jaxdnn::cuda::DeviceMath::expm1(x[i]);
+}
 
-void check_erfc() {
+void check_device_math() {
   std::vector<float> x;
   for (double v = -12.0; v <= 12.0; v += 1.0 / 4096) x.push_back(static_cast<float>(v));
   x.insert(x.end(), {-INFINITY, INFINITY, NAN, 0.0f, -0.0f, 1e-30f, -1e-30f});
@@ -155,8 +159,10 @@ void check_erfc() {
   CK(cudaMalloc(&dy, n * 4));
   CK(cudaMemcpy(dx, x.data(), n * 4, cudaMemcpyHostToDevice));
   erfc_kernel<<<(n + 255) / 256, 256>>>(dx, dy, n);
-  std::vector<float> y(n);
+  std::vector<float> y(n), y1(n);
   CK(cudaMemcpy(y.data(), dy, n * 4, cudaMemcpyDeviceToHost));
+  expm1_kernel<<<(n + 255) / 256, 256>>>(dx, dy, n);
+  CK(cudaMemcpy(y1.data(), dy, n * 4, cudaMemcpyDeviceToHost));
   CK(cudaFree(dx));
   CK(cudaFree(dy));
   double worst = 0;
@@ -170,6 +176,18 @@ void check_erfc() {
   report(special && worst <= 1e-6, "DeviceMath::erfc float (special values " +
          std::string(special ? "ok" : "WRONG") + ")", worst, 1e-6);
   printf("DeviceMath::erfc worst relative error %.3e over %d points\n", worst, n);
+  // expm1 on [-12, 12] and the specials (-inf -> -1, inf -> inf, NaN, +-0 exact, tiny x -> x).
+  double worst1 = 0;
+  bool special1 = true;
+  for (int i = 0; i < n; ++i) {
+    const double ref = std::expm1(static_cast<double>(x[i]));
+    if (std::isnan(x[i])) special1 &= std::isnan(y1[i]);
+    else if (std::isinf(x[i]) || x[i] == 0.0f) special1 &= y1[i] == static_cast<float>(ref);
+    else worst1 = std::max(worst1, std::fabs(y1[i] - ref) / std::fabs(ref));
+  }
+  report(special1 && worst1 <= 1e-6, "DeviceMath::expm1 float (special values " +
+         std::string(special1 ? "ok" : "WRONG") + ")", worst1, 1e-6);
+  printf("DeviceMath::expm1 worst relative error %.3e over %d points\n", worst1, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -435,7 +453,7 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "full")) full = true;
     if (!strcmp(argv[i], "bench")) do_bench = true;
   }
-  check_erfc();
+  check_device_math();
   check_activations(full);
   check_softmax(full);
   printf("%d checks, %d failures\n", checks, failures);
