@@ -68,7 +68,10 @@ namespace {
 
 using i64 = long long;
 
-constexpr i64 kChunkBytes = i64{128} << 20;
+#ifndef WINO_CHUNK_MIB  // NONFUSED chunk size (workspace), a sweep knob
+#define WINO_CHUNK_MIB 128
+#endif
+constexpr i64 kChunkBytes = i64{WINO_CHUNK_MIB} << 20;
 constexpr int kThreads = 256;  // every kernel here
 constexpr int kPad = 8;        // channel pad (half the GEMM's BK)
 constexpr i64 kMaxSplits = 16;
@@ -516,7 +519,40 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-constexpr int kGemmBK = 16, kGemmStages = 3;
+// Tunables of the GEMM (compile-time; tests/cuda/winograd/sweep.sh times settings of them on a
+// GPU, the defaults are the chosen ones):
+//   WINO_GEMM_BK      k per stage (16 or 32): 32 halves the barriers and loop overhead per K.
+//   WINO_GEMM_STAGES  cp.async ring depth (2..4).
+//   WINO_GEMM_MINB    CTAs per SM asked of the register allocator (2: 128 registers a thread).
+//   WINO_GEMM_AV      fp32 m-major A: k per shared-memory fragment read (2: LDS.64, 4: LDS.128,
+//                     fewer LDS per FFMA for 16 more registers).
+//   WINO_GEMM_WARP    thread -> (tx, ty) map. 0: tx = tid % 16 (a warp is 2 x 16 threads, 16 x 128
+//                     outputs); 1: a warp is 4 x 8 threads (32 x 64 outputs), whose B reads are
+//                     128 contiguous bytes (one shared-memory wavefront, not two) and A reads four
+//                     rows (A's swizzle then takes 2 bits).
+//   WINO_GEMM_PIPE    1: each k step's fragments are read from shared memory one step ahead
+//                     (register double buffer), also across the stage boundary.
+// Shared memory is dynamic where it passes the 48 KB static limit (BK 32, 4 stages).
+#ifndef WINO_GEMM_BK
+#define WINO_GEMM_BK 16
+#endif
+#ifndef WINO_GEMM_STAGES
+#define WINO_GEMM_STAGES 3
+#endif
+#ifndef WINO_GEMM_MINB
+#define WINO_GEMM_MINB 2
+#endif
+#ifndef WINO_GEMM_AV
+#define WINO_GEMM_AV 2
+#endif
+#ifndef WINO_GEMM_WARP
+#define WINO_GEMM_WARP 0
+#endif
+#ifndef WINO_GEMM_PIPE
+#define WINO_GEMM_PIPE 0
+#endif
+constexpr int kGemmBK = WINO_GEMM_BK, kGemmStages = WINO_GEMM_STAGES;
+static_assert(kGemmBK % (2 * kPad) == 0 && kGemmStages >= 2, "GEMM tunables");
 template <typename T>
 constexpr i64 gemm_bm() {
   return 32 * (16 / sizeof(T));
@@ -527,30 +563,65 @@ i64 gemm_nblocks(i64 N) {
   constexpr i64 bm = gemm_bm<T>();
   return N > bm / 2 ? ceil_div(N, bm) : ceil_div(N, bm / 2);
 }
+template <typename T, bool WIDE>
+constexpr size_t gemm_smem_bytes() {
+  constexpr size_t bm = gemm_bm<T>(), bn = WIDE ? bm : bm / 2;
+  return kGemmStages * kGemmBK * (bm + bn) * sizeof(T);
+}
+template <typename T, bool WIDE>
+constexpr bool gemm_smem_dynamic() {
+  return gemm_smem_bytes<T, WIDE>() > 48 * 1024;
+}
 
 template <typename T, bool A_KMAJOR, bool WIDE>
-__global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 CTAs per SM
+__global__ void __launch_bounds__(kThreads, WINO_GEMM_MINB) gemm_kernel(GemmArgs p) {
   constexpr int V = 16 / sizeof(T), BM = 32 * V, BN = WIDE ? 32 * V : 16 * V, BK = kGemmBK;
   constexpr int ST = kGemmStages, TM = 2 * V, TN = WIDE ? 2 * V : V;
-  constexpr int kAChunks = BM * BK / V, kBChunks = BK * BN / V;
-  static_assert(kAChunks == 2 * kThreads && kBChunks <= 2 * kThreads, "load assignment");
-  static_assert(BK % (2 * V) == 0, "chunk pairs");
+  // Loads in pairs of adjacent 16-byte chunks (32 bytes): PA pairs of A per thread, PB of B
+  // (B: the first kBPairs threads when there are fewer pairs than threads).
+  constexpr int kAPairs = BM * BK / (2 * V), kBPairs = BK * BN / (2 * V);
+  constexpr int PA = kAPairs / kThreads, PB = (kBPairs + kThreads - 1) / kThreads;
+  static_assert(PA >= 1 && kAPairs % kThreads == 0, "load assignment");
+  static_assert(kBPairs % kThreads == 0 || kBPairs < kThreads, "load assignment");
+  // A's swizzle: XOR of the 16-byte chunk index with (row / V) & SWM, SWM + 1 = the rows of
+  // thread blocks a warp reads at once.
+  constexpr int SWM = WINO_GEMM_WARP ? 3 : 1;
+  static_assert(BK / V > SWM, "swizzle needs BK / V chunks per row");
   using VecT = typename Vec16<T>::type;
   union Pack {
     VecT v;
     T e[V];
   };
-  // m-major A fragments: AV consecutive k of a row per shared-memory read (8 bytes for fp32,
-  // which keeps the 8x8 block within 128 registers, 16 for fp64).
-  constexpr int AV = sizeof(T) == 4 ? 2 : V;
-  using AVecT = std::conditional_t<sizeof(T) == 4, float2, double2>;
+  // m-major A fragments: AV consecutive k of a row per shared-memory read (fp32: WINO_GEMM_AV,
+  // fp64: 16 bytes).
+  constexpr int AV = sizeof(T) == 4 ? WINO_GEMM_AV : V;
+  static_assert(V % AV == 0, "AV divides V");
+  using AVecT = std::conditional_t<sizeof(T) == 4,
+                                   std::conditional_t<AV == 4, float4,
+                                                      std::conditional_t<AV == 2, float2, float>>,
+                                   double2>;
   union APack {
     AVecT v;
     T e[AV];
   };
-  alignas(16) WINO_SMEM T As[ST][BM * BK];
-  alignas(16) WINO_SMEM T Bs[ST][BK * BN];
-  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  // Static shared arrays up to 48 KB (separate As / Bs symbols fold into constant addresses:
+  // fewer registers than offsets from one base), dynamic past it (gemm_smem_dynamic).
+  constexpr bool kDyn = gemm_smem_dynamic<T, WIDE>();
+  alignas(16) WINO_SMEM T As_s[kDyn ? 1 : ST][BM * BK];
+  alignas(16) WINO_SMEM T Bs_s[kDyn ? 1 : ST][BK * BN];
+#ifdef JAXDNN_WINO_EMULATION
+  alignas(16) static unsigned char smem_dyn[kDyn ? gemm_smem_bytes<T, WIDE>() : 16];
+#else
+  extern __shared__ __align__(16) unsigned char smem_dyn[];
+#endif
+  // Indexed as As[stage][...] (not base + stage * size: the stage offset then folds into the
+  // LDS immediate offsets, which keeps the default at 128 registers without spills).
+  T(*const As)[BM * BK] = kDyn ? reinterpret_cast<T(*)[BM * BK]>(smem_dyn) : As_s;
+  T(*const Bs)[BK * BN] =
+      kDyn ? reinterpret_cast<T(*)[BK * BN]>(smem_dyn + ST * BM * BK * sizeof(T)) : Bs_s;
+  const int tid = threadIdx.x;
+  const int tx = WINO_GEMM_WARP ? (tid / 32 % 2) * 8 + tid % 8 : tid % 16;
+  const int ty = WINO_GEMM_WARP ? (tid / 64) * 4 + tid % 32 / 8 : tid / 16;
   const i64 blk = blockIdx.x;
   const i64 nb = blk % p.nblocks, mb = blk / p.nblocks % p.mblocks;
   const i64 z = blk / (p.nblocks * p.mblocks);
@@ -561,28 +632,36 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 C
   const int klen = static_cast<int>(std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split)));
   const int nk = (klen + BK - 1) / BK;
 
-  // Load assignment: two adjacent 16-byte chunks (32 bytes) of each operand tile per thread
-  // (B: the first BK * BN / 2V threads), through one source pointer advanced per stage.
-  constexpr int kBLoaders = BK * BN / (2 * V);
+  // Pair q = tid + i * kThreads. A k-major: k = q / (BM / 2V) (pair i: k + i * AKS); m-major:
+  // row m = q / (BK / 2V) (pair i: m + i * AMS), chunk c of the row. B: k = q / (BN / 2V).
+  constexpr int AKS = kThreads / (BM / (2 * V)), AMS = kThreads / (BK / (2 * V));
+  constexpr int BKS = kThreads / (BN / (2 * V));
   int a_k, a_dst0, a_dst1, b_k, b_dst;
-  bool a_ok0, a_ok1, b_ok;
+  bool a_ok[PA], b_ok;
   const T* a_src;
   const T* b_src;
+  i64 a_pstride;  // source offset between pairs i and i + 1
   if constexpr (A_KMAJOR) {
     const int k = tid / (BM / (2 * V)), m = (tid % (BM / (2 * V))) * 2 * V;
     a_k = k, a_dst0 = k * BM + m, a_dst1 = a_dst0 + V;
-    a_ok0 = m0 + m < p.M, a_ok1 = m0 + m + V < p.M;
+#pragma unroll
+    for (int i = 0; i < PA; ++i) a_ok[i] = m0 + m < p.M;  // M is a multiple of 2V here
     a_src = A + k * p.lda + m0 + m;
+    a_pstride = AKS * p.lda;
   } else {
-    const int m = tid / (BK / (2 * V)), c = (tid % (BK / (2 * V))) * 2, sw = (m / V) & 1;
+    const int m = tid / (BK / (2 * V)), c = (tid % (BK / (2 * V))) * 2, sw = (m / V) & SWM;
+    // (m + i * AMS) / V keeps m / V's low bits: AMS is a multiple of 4V.
+    static_assert(PA == 1 || AMS % (4 * V) == 0, "swizzle of later pairs");
     a_k = c * V, a_dst0 = m * BK + (c ^ sw) * V, a_dst1 = m * BK + ((c + 1) ^ sw) * V;
-    a_ok0 = a_ok1 = m0 + m < p.M;
+#pragma unroll
+    for (int i = 0; i < PA; ++i) a_ok[i] = m0 + m + i * AMS < p.M;
     a_src = A + (m0 + m) * p.lda + c * V;
+    a_pstride = PA > 1 ? AMS * p.lda : 0;
   }
   {
     const int k = tid / (BN / (2 * V)), n = (tid % (BN / (2 * V))) * 2 * V;
     b_k = k, b_dst = k * BN + n;
-    b_ok = tid < kBLoaders && n0 + n < p.N;  // N is a multiple of 2V = 8 (fp32) or 4 (fp64)
+    b_ok = tid < kBPairs && n0 + n < p.N;  // N is a multiple of 2V = 8 (fp32) or 4 (fp64)
     b_src = B + k * p.ldb + n0 + n;
   }
   const i64 a_step = A_KMAJOR ? BK * p.lda : BK, b_step = BK * p.ldb;
@@ -592,30 +671,143 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 C
     // A chunk that is not read gets the operand's base as its (unread, in-bounds) source.
     const T* a0 = static_cast<const T*>(p.A);
     const T* b0 = static_cast<const T*>(p.B);
-    bool ok0, ok1;
-    if constexpr (A_KMAJOR) {
-      ok0 = a_ok0 && kb + a_k < klen, ok1 = a_ok1 && kb + a_k < klen;
+    T* as = As[buf];
+    T* bs = Bs[buf];
+    if constexpr (PA == 1) {  // the original form (fewer registers, at the default's edge)
+      bool ok0, ok1;
+      if constexpr (A_KMAJOR) {
+        ok0 = ok1 = a_ok[0] && kb + a_k < klen;
+      } else {
+        ok0 = a_ok[0] && kb + a_k < klen, ok1 = a_ok[0] && kb + a_k + V < klen;
+      }
+      cp_async16(&as[a_dst0], ok0 ? a_src : a0, ok0);
+      cp_async16(&as[a_dst1], ok1 ? a_src + V : a0, ok1);
     } else {
-      ok0 = a_ok0 && kb + a_k < klen, ok1 = a_ok1 && kb + a_k + V < klen;
+#pragma unroll
+    for (int i = 0; i < PA; ++i) {
+      const T* src = a_src + i * a_pstride;
+      bool ok0, ok1;
+      int d = 0;
+      if constexpr (A_KMAJOR) {
+        ok0 = ok1 = a_ok[i] && kb + a_k + i * AKS < klen;
+        d = i * AKS * BM;
+      } else {
+        ok0 = a_ok[i] && kb + a_k < klen, ok1 = a_ok[i] && kb + a_k + V < klen;
+        d = i * AMS * BK;
+      }
+      cp_async16(&as[a_dst0 + d], ok0 ? src : a0, ok0);
+      cp_async16(&as[a_dst1 + d], ok1 ? src + V : a0, ok1);
     }
-    cp_async16(&As[buf][a_dst0], ok0 ? a_src : a0, ok0);
-    cp_async16(&As[buf][a_dst1], ok1 ? a_src + V : a0, ok1);
-    if (tid < kBLoaders) {
-      const bool ok = b_ok && kb + b_k < klen;
-      cp_async16(&Bs[buf][b_dst], ok ? b_src : b0, ok);
-      cp_async16(&Bs[buf][b_dst + V], ok ? b_src + V : b0, ok);
+    }
+    if constexpr (PB == 1) {
+      if (tid < kBPairs) {
+        const bool ok = b_ok && kb + b_k < klen;
+        cp_async16(&bs[b_dst], ok ? b_src : b0, ok);
+        cp_async16(&bs[b_dst + V], ok ? b_src + V : b0, ok);
+      }
+    } else if (tid < kBPairs) {
+#pragma unroll
+      for (int i = 0; i < PB; ++i) {
+        const bool ok = b_ok && kb + b_k + i * BKS < klen;
+        const T* src = b_src + i * BKS * p.ldb;
+        cp_async16(&bs[b_dst + i * BKS * BN], ok ? src : b0, ok);
+        cp_async16(&bs[b_dst + i * BKS * BN + V], ok ? src + V : b0, ok);
+      }
     }
     a_src += a_step, b_src += b_step;
   };
 
   T acc[TM][TN] = {};
+#if WINO_GEMM_PIPE
+  // Swizzle of the m-major A chunks this thread reads: (row / V) & SWM = ty & SWM.
+  const int sw = ty & SWM;
+  // Row of the thread's i-th A element (two blocks of V rows BM / 2 apart).
+  auto arow = [&](int i) { return i < V ? ty * V + i : BM / 2 + ty * V + i - V; };
+  // Register double buffer: fragments of step j + 1 are read while step j's FFMAs run; the
+  // stage barrier sits before the last step of a stage, so the next stage's first fragments are
+  // read before that step's FFMAs. One step = AV k (m-major A) or 1 k (k-major A): A[TM] rows
+  // (m-major: AV k each), B: AV k x TN columns.
+  constexpr int KS = A_KMAJOR ? 1 : AV, NSTEP = BK / KS;
+  struct Frag {
+    T a[TM][KS];
+    T b[KS][TN];
+  };
+  auto read_frag = [&](const T* as, const T* bs, int j, Frag& f) {
+    if constexpr (A_KMAJOR) {
+      Pack a0, a1;
+      a0.v = *reinterpret_cast<const VecT*>(&as[j * BM + ty * V]);
+      a1.v = *reinterpret_cast<const VecT*>(&as[j * BM + BM / 2 + ty * V]);
+#pragma unroll
+      for (int i = 0; i < V; ++i) f.a[i][0] = a0.e[i], f.a[V + i][0] = a1.e[i];
+    } else {
+      const int k = j * KS, col = ((k / V) ^ sw) * V + k % V;
+#pragma unroll
+      for (int i = 0; i < TM; ++i) {
+        APack t;
+        t.v = *reinterpret_cast<const AVecT*>(&as[arow(i) * BK + col]);
+#pragma unroll
+        for (int kv = 0; kv < KS; ++kv) f.a[i][kv] = t.e[kv];
+      }
+    }
+#pragma unroll
+    for (int kv = 0; kv < KS; ++kv)
+#pragma unroll
+      for (int h = 0; h < TN / V; ++h) {
+        Pack t;
+        t.v = *reinterpret_cast<const VecT*>(&bs[(j * KS + kv) * BN + h * (BN / 2) + tx * V]);
+#pragma unroll
+        for (int jj = 0; jj < V; ++jj) f.b[kv][h * V + jj] = t.e[jj];
+      }
+  };
+  auto fma_frag = [&](const Frag& f) {
+#pragma unroll
+    for (int kv = 0; kv < KS; ++kv)
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] += f.a[i][kv] * f.b[kv][j];
+  };
+  // Prologue: stages 0 .. ST - 1 in flight, stage 0 landed, its first fragments read.
+#pragma unroll
+  for (int st = 0; st < ST; ++st) {
+    if (st < nk) load_stage(st, st);
+    cp_async_commit();
+  }
+  cp_async_wait<ST - 1>();
+  __syncthreads();
+  Frag f[2];
+  if (nk > 0) read_frag(As[0], Bs[0], 0, f[0]);
+#pragma unroll 1
+  for (int kt = 0; kt < nk; ++kt) {
+    const int buf = kt % ST;
+    const T* as = As[buf];
+    const T* bs = Bs[buf];
+#pragma unroll
+    for (int j = 0; j < NSTEP - 1; ++j) {
+      read_frag(as, bs, j + 1, f[(j + 1) % 2]);
+      fma_frag(f[j % 2]);
+    }
+    // Stage kt + 1 landed for all, and every thread has read stage kt (its last fragments are in
+    // registers): refill buf with stage kt + ST, then read stage kt + 1's first fragments.
+    cp_async_wait<ST - 2>();
+    __syncthreads();
+    if (kt + ST < nk) load_stage(buf, kt + ST);
+    cp_async_commit();
+    if (kt + 1 < nk) {
+      const int nbuf = (kt + 1) % ST;
+      read_frag(As[nbuf], Bs[nbuf], 0, f[NSTEP % 2]);
+    }
+    fma_frag(f[(NSTEP - 1) % 2]);
+  }
+  static_assert(NSTEP % 2 == 0, "the next stage's first fragments go to f[0]");
+#else
 #pragma unroll
   for (int st = 0; st < ST - 1; ++st) {
     if (st < nk) load_stage(st, st);
     cp_async_commit();
   }
-  // Swizzle of the m-major A chunks this thread reads: bit 0 of row / V, which is ty.
-  const int sw = ty & 1;
+  // Swizzle of the m-major A chunks this thread reads: (row / V) & SWM = ty & SWM.
+  const int sw = ty & SWM;
 #pragma unroll 1
   for (int kt = 0; kt < nk; ++kt) {
     cp_async_wait<ST - 2>();
@@ -675,6 +867,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(GemmArgs p) {  // 2 C
       }
     }
   }
+#endif
 
   // The epilogue recomputes the block's place rather than holding it through the loop.
   const i64 b2 = blockIdx.x, z2 = b2 / (p.nblocks * p.mblocks);
@@ -908,9 +1101,9 @@ size_t tc_bytes(DType in) { return in == DType::kF64 ? 8 : 4; }
 // n (a test hook: the checker runs the multi-chunk paths on small problems).
 // Forward-shaped passes (fwd, dgrad) take whole GEMM M blocks per chunk, as many as the chunk
 // bytes allow, trading chunk count against wave quantization: kWaveCtas is one wave of the GEMM
-// (an H200: 132 SMs x 2 CTAs; a constant, like kWgradTargetCtas, so that the workspace size does
+// (an H200: 132 SMs x WINO_GEMM_MINB CTAs; a constant, like kWgradTargetCtas, so that the workspace size does
 // not depend on the device). The chunking of a forward-shaped pass does not change any sum.
-constexpr i64 kWaveCtas = 264;
+constexpr i64 kWaveCtas = 132 * WINO_GEMM_MINB;
 
 i64 chunk_tiles(const Pass& ps, int a, size_t tc, bool fwd) {
   static const i64 forced = [] {
@@ -970,6 +1163,16 @@ std::string unsupported(const ConvProblem& p) {
   return "";
 }
 
+// Dynamic shared memory past 48 KB needs the kernel's opt-in (per device, so on every launch
+// that needs it; a cheap host call). A failure shows as the launch's error.
+template <typename K>
+void gemm_smem_optin(K* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(bytes));
+  cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+}
+
 template <typename Tc>
 void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st) {
   constexpr i64 bm = gemm_bm<Tc>();
@@ -978,10 +1181,22 @@ void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st)
   a.mblocks = ceil_div(a.M, bm);
   a.nblocks = gemm_nblocks<Tc>(a.N);
   const i64 grid = a.mblocks * a.nblocks * points * a.G * a.S;
-  if (a_kmajor && wide) gemm_kernel<Tc, true, true><<<grid, kThreads, 0, st>>>(a);
-  else if (a_kmajor) gemm_kernel<Tc, true, false><<<grid, kThreads, 0, st>>>(a);
-  else if (wide) gemm_kernel<Tc, false, true><<<grid, kThreads, 0, st>>>(a);
-  else gemm_kernel<Tc, false, false><<<grid, kThreads, 0, st>>>(a);
+  // Dynamic shared memory bytes of the wide and narrow kernels (0: static arrays).
+  const size_t sw = gemm_smem_dynamic<Tc, true>() ? gemm_smem_bytes<Tc, true>() : 0;
+  const size_t sn = gemm_smem_dynamic<Tc, false>() ? gemm_smem_bytes<Tc, false>() : 0;
+  if (a_kmajor && wide) {
+    gemm_smem_optin(gemm_kernel<Tc, true, true>, sw);
+    gemm_kernel<Tc, true, true><<<grid, kThreads, sw, st>>>(a);
+  } else if (a_kmajor) {
+    gemm_smem_optin(gemm_kernel<Tc, true, false>, sn);
+    gemm_kernel<Tc, true, false><<<grid, kThreads, sn, st>>>(a);
+  } else if (wide) {
+    gemm_smem_optin(gemm_kernel<Tc, false, true>, sw);
+    gemm_kernel<Tc, false, true><<<grid, kThreads, sw, st>>>(a);
+  } else {
+    gemm_smem_optin(gemm_kernel<Tc, false, false>, sn);
+    gemm_kernel<Tc, false, false><<<grid, kThreads, sn, st>>>(a);
+  }
 }
 
 template <typename T, typename Tc, int M>

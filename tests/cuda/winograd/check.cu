@@ -533,12 +533,16 @@ int main(int argc, char** argv) {
     FILE* csv = fopen(getenv("BENCH_CSV") ? getenv("BENCH_CSV") : "/dev/null", "w");
     const Layer layers[] = {{"vgg_c3_2", 32, 256, 256, 56, 56},
                             {"r50_c3_3x3", 32, 128, 128, 28, 28},
+                            {"r50_c4_3x3", 32, 256, 256, 14, 14},
                             {"r50_c5_3x3", 32, 512, 512, 7, 7},
                             {"r50_c2_3x3", 32, 64, 64, 56, 56},
                             {"vgg_c1_2", 32, 64, 64, 224, 224}};
     // Errors against float64 on one image of each layer (fp32, HIGHEST; both families).
+    // BENCH_NO_REF=1 skips them (host fp64 references: seconds per layer; sweep.sh).
     g_verbose = true;
     for (const Layer& L : layers) {
+      if (getenv("BENCH_NO_REF")) break;
+      if (const char* only = getenv("BENCH_LAYERS"); only && !strstr(only, L.name)) continue;
       const Case one{L.name, Layout::kNHWC, 2, 1, L.C, L.K, 1, {L.H, L.W}, {3, 3}, {1, 1}, {1, 1}};
       check_case(one, DType::kF32, DType::kF32, rng);
     }

@@ -6,9 +6,10 @@
 # What it cannot see: nvcc compile errors, real concurrency between warps, device rounding (FMA
 # contraction), speed.
 # WINO_DTYPES (e.g. f64,f32) and WINO_CASE narrow the run; JAXDNN_WINO_CHUNK_TILES forces chunks.
+# WINO_DEFS adds compile flags, e.g. WINO_DEFS="-DWINO_GEMM_BK=32" (a GEMM variant of sweep.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-D=${TMPDIR:-/tmp}/jaxdnn-winoemu
+D=${WINO_EMU_DIR:-${TMPDIR:-/tmp}/jaxdnn-winoemu}
 mkdir -p "$D"
 python3 - ffi/cuda/conv_winograd.cu "$D/wino_emu.cc" <<'PY'
 import re, sys
@@ -19,7 +20,8 @@ assert n >= 8, n
 open(sys.argv[2], "w").write(src)
 PY
 F="-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
-   -ffp-contract=off -DJAXDNN_WINO_EMULATION -I tests/cuda/winograd/emu -I ffi/include -I ffi/cuda"
+   -ffp-contract=off -DJAXDNN_WINO_EMULATION -I tests/cuda/winograd/emu -I ffi/include -I ffi/cuda
+   ${WINO_DEFS:-}"
 g++ $F -c "$D/wino_emu.cc" -o "$D/wino.o" &
 g++ $F -x c++ -c tests/cuda/winograd/check.cu -o "$D/check.o" &
 wait %1

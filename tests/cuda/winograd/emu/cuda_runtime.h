@@ -46,7 +46,8 @@ inline cudaError_t last_error = cudaSuccess;
 template <typename... P, typename... A>
 void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t smem, cudaStream_t,
             A... args) {
-  if (grid == 0 || grid > 0x7fffffffull || block <= 0 || block > 1024 || smem != 0) {
+  // Dynamic shared memory: the kernels declare it as a static array under emulation.
+  if (grid == 0 || grid > 0x7fffffffull || block <= 0 || block > 1024 || smem > 227 * 1024) {
     std::fprintf(stderr, "emu: invalid launch grid %llu block %d smem %zu\n", grid, block, smem);
     last_error = cudaErrorInvalidConfiguration;
     return;
@@ -101,3 +102,11 @@ inline cudaError_t cudaMemsetAsync(void* dst, int v, size_t n, cudaStream_t) {
   return cudaMemset(dst, v, n);
 }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize,
+  cudaFuncAttributePreferredSharedMemoryCarveout
+};
+template <typename K>
+cudaError_t cudaFuncSetAttribute(K*, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
