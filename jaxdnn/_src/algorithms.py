@@ -92,7 +92,7 @@ FAMILY_NOTES = {
         "one batched SIMT GEMM launch (128x128 tiles, fp32 FFMA, true fp32 at every precision; "
         "float64 in DFMA; bfloat16/float16 operands widened to fp32, so their error is the "
         "output rounding). Workspace: the backward-filter split partials (backward-filter only) "
-        "plus chunks of transformed tiles, at most about 128 MiB of them. Backward-filter is "
+        "plus chunks of transformed tiles, at most about 256 MiB of them. Backward-filter is "
         "deterministic (fixed-order split reduction, no atomics). "
         "Both backends: the filter transform U = G w G^T of the forward and backward-data (the "
         "flipped, channel-swapped filter) is its own custom call, jaxdnn_winograd_filter, whose "
