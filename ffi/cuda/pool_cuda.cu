@@ -28,8 +28,8 @@
 //                dilated window, or one window: 2x2 stride 2, global pooling): straight-line,
 //                4 inputs per thread, so their loads are in flight together.
 //   chan_tile    16-byte channel vectors, 2-D windows: a block stages the input region of a
-//                tile of outputs x channel vectors in shared memory (cp.async). Max forward
-//                (windows of <= 64 taps) reads its taps from there; the max backward (kMaxScatter,
+//                tile of outputs x channel vectors in shared memory (cp.async). Max and avg
+//                forward (windows of <= 64 taps) read their taps from there; the max backward (kMaxScatter,
 //                <= 255 taps) is one pass: it also stages dy of the tile's outputs plus the halo
 //                of windows that cover its first inputs, selects every staged window's arg-max
 //                (one byte per element, shared memory), and each input of the tile gathers dy
@@ -1118,8 +1118,8 @@ __global__ void disjoint_bwd_kernel(Geo g, const T* __restrict__ dy, const G* __
 // Channels-last tiles (16-byte channel vectors, windows over the two innermost dimensions):
 // a block of kBlock threads takes th x tw outputs x cb channel vectors of one image and copies
 // the input region their windows read into shared memory once (16-byte cp.async, coalesced
-// along C; positions outside the image hold -inf). Then:
-//   forward (max)  each output vector takes the max of its taps from there;
+// along C; positions outside the image hold -inf, or 0 for avg). Then:
+//   forward        each output vector takes the max / window-order sum of its taps from there;
 //   backward       also stages dy of those outputs plus a halo of hlo = floor((R-1)*dl / s)
 //                  outputs before the tile in each dimension (the windows that also cover the
 //                  tile's first inputs), computes every staged window's arg-max tap (one byte
@@ -1163,7 +1163,7 @@ __device__ __forceinline__ void copy_async_wait() {
 #endif
 }
 
-template <typename T, int V, bool kBwd>
+template <typename T, int V, bool kBwd, bool kMax>
 __global__ void __launch_bounds__(kBlock)
     chan_tile_kernel(Geo g, ChanTile ct, const T* __restrict__ x, const T* __restrict__ dy,
                      T* __restrict__ out) {
@@ -1192,11 +1192,11 @@ __global__ void __launch_bounds__(kBlock)
   const i64 C = g.C;
   const T* xi = x + img * g.in[1] * g.in[2] * C + static_cast<i64>(cv0) * V;
   const i64 ybase = img * g.out[1] * g.out[2] * C + static_cast<i64>(cv0) * V;
-  R ninf;
+  R ninf;  // padding: -inf for max; 0 for avg (a sum from +0 never holds -0, so adding +0 is exact)
   {
     T e[V];
 #pragma unroll
-    for (int i = 0; i < V; ++i) e[i] = from_acc<T>(neg_inf<A>());
+    for (int i = 0; i < V; ++i) e[i] = from_acc<T>(kMax ? neg_inf<A>() : A(0));
     memcpy(&ninf, e, sizeof(R));
   }
   FOR_EACH_TID(tid) {
@@ -1239,7 +1239,24 @@ __global__ void __launch_bounds__(kBlock)
       const int v = window_at(idx, &o1, &o2, &p);
       if (o1 >= g.out[1] || o2 >= g.out[2]) continue;
       T* yo = out + ybase + (static_cast<i64>(o1) * g.out[2] + o2) * C + v * V;
-      if constexpr (sizeof(T) == 2) {
+      if constexpr (!kMax) {
+        A acc[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = A(0);
+        for (int kb = 0; kb < g.win[1]; ++kb)
+          for (int kc = 0; kc < g.win[2]; ++kc) {
+            A val[V];
+            VT::unpack(p[kb * tap_row + kc * tap_col], val);
+#pragma unroll
+            for (int e = 0; e < V; ++e) acc[e] += val[e];
+          }
+        // Depth has window 1: its divisor factor is 1. An empty counting region gives NaN.
+        const int o[3] = {0, o1, o2};
+        const A divisor = static_cast<A>(avg_divisor(g, o));
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = acc[e] / divisor;
+        VT::store(yo, acc);
+      } else if constexpr (sizeof(T) == 2) {
         // 16-bit max on packed pairs (NaN wins; -inf padding changes nothing).
         uint32_t acc[4] = {neg_inf2<T>(), neg_inf2<T>(), neg_inf2<T>(), neg_inf2<T>()};
         for (int kb = 0; kb < g.win[1]; ++kb)
@@ -1527,17 +1544,19 @@ struct Launcher {
     const bool lanes = one_channel && S > 1;
     if constexpr (sizeof(T) * V == 16) {
       ChanTile ct;
-      if (S == 1 && is_max && chan_tile(false, &ct)) {
-        chan_tile_kernel<T, V, false><<<chan_blocks(ct), kBlock, chan_smem(ct, false),
-                                        stream>>>(g, ct, x, nullptr, y);
-        return launched("max pool forward (channel tiles)");
-      }
-    }
-    if constexpr (sizeof(T) * V == 16) {
       if (S == 1 && !is_max && cells_2x2()) {
         cell_avg_kernel<T, V, true, 2, 2, I><<<blocks_for(items, kBlock * kItems), kBlock, 0,
                                                stream>>>(g, x, y, static_cast<I>(items));
         return launched("avg pool forward (2x2 cells)");
+      }
+      if (S == 1 && chan_tile(false, &ct)) {
+        if (is_max) chan_tile_kernel<T, V, false, true><<<chan_blocks(ct), kBlock,
+                                                          chan_smem(ct, false), stream>>>(
+            g, ct, x, nullptr, y);
+        else chan_tile_kernel<T, V, false, false><<<chan_blocks(ct), kBlock, chan_smem(ct, false),
+                                                    stream>>>(g, ct, x, nullptr, y);
+        return launched(is_max ? "max pool forward (channel tiles)"
+                               : "avg pool forward (channel tiles)");
       }
     }
     PlaneTile pt;
@@ -1714,8 +1733,8 @@ struct Launcher {
       // One pass, no workspace.
       ChanTile ct;
       if (p.x_elems() > 0 && chan_tile(true, &ct)) {
-        chan_tile_kernel<T, V, true><<<chan_blocks(ct), kBlock, chan_smem(ct, true), stream>>>(
-            g, ct, x, dy, dx);
+        chan_tile_kernel<T, V, true, true><<<chan_blocks(ct), kBlock, chan_smem(ct, true),
+                                             stream>>>(g, ct, x, dy, dx);
         return launched("max pool backward (channel tiles)");
       }
     }
