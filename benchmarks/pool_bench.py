@@ -42,6 +42,8 @@ PAD1 = ((1, 1), (1, 1))
 GPU_CASES = [
     ("maxpool3x3s2p1 32x112x112x64", (32, 112, 112, 64), "NHWC", "max", (3, 3), (2, 2), PAD1),
     ("maxpool3x3s2p1 NCHW", (32, 64, 112, 112), "NCHW", "max", (3, 3), (2, 2), PAD1),
+    ("avgpool3x3s2p1 32x112x112x64", (32, 112, 112, 64), "NHWC", "avg", (3, 3), (2, 2), PAD1),
+    ("avgpool2x2s2 32x112x112x64", (32, 112, 112, 64), "NHWC", "avg", (2, 2), (2, 2), "VALID"),
     ("avgpool2x2s2 32x56x56x256", (32, 56, 56, 256), "NHWC", "avg", (2, 2), (2, 2), "VALID"),
     ("avgpool2x2s2 32x7x7x2048", (32, 7, 7, 2048), "NHWC", "avg", (2, 2), (2, 2), "VALID"),
     ("avgpool3x3s1 excl 32x28x28x256", (32, 28, 28, 256), "NHWC", "avg_excl", (3, 3), (1, 1),

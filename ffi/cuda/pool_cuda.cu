@@ -27,6 +27,16 @@
 //   disjoint_bwd scatter's second pass / avg backward when windows do not overlap (stride >=
 //                dilated window, or one window: 2x2 stride 2, global pooling): straight-line,
 //                4 inputs per thread, so their loads are in flight together.
+//   chan_tile    16-byte channel vectors, 2-D windows: a block stages the input region of a
+//                tile of outputs x channel vectors in shared memory (cp.async). Max and avg
+//                forward (windows of <= 64 taps) read their taps from there; the max backward (kMaxScatter,
+//                <= 255 taps) is one pass: it also stages dy of the tile's outputs plus the halo
+//                of windows that cover its first inputs, selects every staged window's arg-max
+//                (one byte per element, shared memory), and each input of the tile gathers dy
+//                from the covering windows that selected it. No workspace, no atomics.
+//   cell_avg     avg forward / backward when 2x2 windows partition the input (2x2 stride 2,
+//                padding only inside edge windows), 16-byte vectors: thread = output, 4 per
+//                thread, straight-line (the backward writes each input once from its window).
 // Index math: items are decomposed with multiply-shift division (FastDiv, 32-bit items below
 // 2^31); tap ranges and covering windows take no division at dilation 1; the avg divisor is a
 // constant when every window counts all its taps.
@@ -46,7 +56,8 @@
 //
 // Nothing depends on timing, the device or the launch configuration beyond the problem itself:
 // results are bitwise reproducible. JAXDNN_POOL_SPLIT=0 / =1 (read once) turns split_fwd off /
-// on for every window of 2 taps or more, so that checkers reach both forward paths.
+// on for every window of 2 taps or more, so that checkers reach both forward paths;
+// JAXDNN_POOL_CHAN=0 turns chan_tile off, =TH,TW,CB forces its tile sizes (checks, sweeps).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -668,6 +679,30 @@ __device__ __forceinline__ void stage_input(const Geo& g, const PlaneTile& pt, c
   }
 }
 
+// The shared start of the tiled forward and selection: stages this block's input region, then
+// gives this thread's output column ow (at.w0 + threadIdx.x; >= out[2]: none), its in-bounds
+// taps [kc0, kc1) and its first tap's column in the region.
+struct PlaneCol {
+  TileAt at;
+  int ow, kc0, kc1, col;
+};
+
+template <typename T, typename A>
+__device__ __forceinline__ PlaneCol plane_prologue(const Geo& g, const PlaneTile& pt,
+                                                   const T* x, A* tile) {
+  PlaneCol pc;
+  pc.at = tile_at(pt);
+  stage_input(g, pt, x + pc.at.n * g.in_pix, pc.at.h0 * g.st[1] - g.pad[1],
+              pc.at.w0 * g.st[2] - g.pad[2], tile);
+  __syncthreads();
+  pc.ow = pc.at.w0 + threadIdx.x;
+  pc.kc0 = pc.kc1 = 0;
+  pc.col = threadIdx.x * g.st[2];
+  if (pc.ow < g.out[2])
+    tap_range(pc.ow * g.st[2] - g.pad[2], g.dl[2], g.win[2], 0, g.in[2], &pc.kc0, &pc.kc1);
+  return pc;
+}
+
 // Forward: max / avg over the in-bounds taps of each output in window order.
 template <typename T, bool kMax>
 __global__ void plane_fwd_kernel(Geo g, PlaneTile pt, const T* __restrict__ x,
@@ -675,15 +710,10 @@ __global__ void plane_fwd_kernel(Geo g, PlaneTile pt, const T* __restrict__ x,
   using A = typename AccOf<T>::type;
   extern __shared__ unsigned char smem[];
   A* tile = reinterpret_cast<A*>(smem);
-  const TileAt at = tile_at(pt);
-  stage_input(g, pt, x + at.n * g.in_pix, at.h0 * g.st[1] - g.pad[1],
-              at.w0 * g.st[2] - g.pad[2], tile);
-  __syncthreads();
-  const int ow = at.w0 + threadIdx.x;
-  if (ow >= g.out[2]) return;
-  int kc0, kc1;
-  tap_range(ow * g.st[2] - g.pad[2], g.dl[2], g.win[2], 0, g.in[2], &kc0, &kc1);
-  const int col = threadIdx.x * g.st[2];
+  const PlaneCol pc = plane_prologue(g, pt, x, tile);
+  if (pc.ow >= g.out[2]) return;
+  const TileAt& at = pc.at;
+  const int ow = pc.ow, kc0 = pc.kc0, kc1 = pc.kc1, col = pc.col;
   const int fc = g.uniform_div ? 1 : divisor_factor(g, 2, ow);
   for (int r = 0; r < pt.rows; ++r) {
     const int ty = threadIdx.y + 8 * r, oh = at.h0 + ty;
@@ -717,15 +747,10 @@ __global__ void plane_select_kernel(Geo g, PlaneTile pt, const T* __restrict__ x
   using A = typename AccOf<T>::type;
   extern __shared__ unsigned char smem[];
   A* tile = reinterpret_cast<A*>(smem);
-  const TileAt at = tile_at(pt);
-  stage_input(g, pt, x + at.n * g.in_pix, at.h0 * g.st[1] - g.pad[1],
-              at.w0 * g.st[2] - g.pad[2], tile);
-  __syncthreads();
-  const int ow = at.w0 + threadIdx.x;
-  if (ow >= g.out[2]) return;
-  int kc0, kc1;
-  tap_range(ow * g.st[2] - g.pad[2], g.dl[2], g.win[2], 0, g.in[2], &kc0, &kc1);
-  const int col = threadIdx.x * g.st[2];
+  const PlaneCol pc = plane_prologue(g, pt, x, tile);
+  if (pc.ow >= g.out[2]) return;
+  const TileAt& at = pc.at;
+  const int ow = pc.ow, kc0 = pc.kc0, kc1 = pc.kc1, col = pc.col;
   for (int r = 0; r < pt.rows; ++r) {
     const int ty = threadIdx.y + 8 * r, oh = at.h0 + ty;
     if (oh >= g.out[1]) break;
@@ -1090,6 +1115,326 @@ __global__ void disjoint_bwd_kernel(Geo g, const T* __restrict__ dy, const G* __
 }
 
 // ---------------------------------------------------------------------------------------------
+// Channels-last tiles (16-byte channel vectors, windows over the two innermost dimensions):
+// a block of kBlock threads takes th x tw outputs x cb channel vectors of one image and copies
+// the input region their windows read into shared memory once (16-byte cp.async, coalesced
+// along C; positions outside the image hold -inf, or 0 for avg). Then:
+//   forward        each output vector takes the max / window-order sum of its taps from there;
+//   backward       also stages dy of those outputs plus a halo of hlo = floor((R-1)*dl / s)
+//                  outputs before the tile in each dimension (the windows that also cover the
+//                  tile's first inputs), computes every staged window's arg-max tap (one byte
+//                  per element, in shared memory), and each input the block owns gathers dy
+//                  from the covering windows whose arg-max is its tap. One pass: x and dy read
+//                  once (halo aside), dx written once, no workspace, no atomics.
+// Input ownership: the tile of outputs [o0, o0 + th) owns inputs [o0*s - pad, (o0+th)*s - pad)
+// (the first tile from 0, the last to the end, clamped), whose covering windows are exactly the
+// staged outputs [o0 - hlo, o0 + th). A padding tap in shared memory is -inf, which is what the
+// selection rule makes of padding (it replaces only a NaN selection); its tap index never
+// matches an input, so it routes nothing.
+struct ChanTile {
+  int th, tw, cb;          // outputs down and across, channel vectors of a tile
+  int hlo_h, hlo_w;        // staged outputs before the tile (backward; 0 forward)
+  int oh, ow;              // staged outputs: th + hlo_h, tw + hlo_w
+  int rh, rw;              // their input region
+  FastDiv fcb, frw, fow;   // cb, rw, ow
+  FastDiv fnc, fnw, fnh;   // channel blocks, tiles across, tiles down
+};
+
+#ifdef JAXDNN_POOL_EMULATION
+// The host emulation runs a block's threads one after another: a phase whose shared-memory
+// results other threads read is done whole by every thread.
+#define FOR_EACH_TID(tid) for (int tid = 0; tid < kBlock; ++tid)
+#else
+#define FOR_EACH_TID(tid) if (const int tid = threadIdx.x; true)
+#endif
+
+// 16-byte global -> shared copy that does not wait (cp.async.cg: L2 only), and the wait.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
+#ifdef JAXDNN_POOL_EMULATION
+  memcpy(dst, src, 16);
+#else
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+#endif
+}
+__device__ __forceinline__ void copy_async_wait() {
+#ifndef JAXDNN_POOL_EMULATION
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+template <typename T, int V, bool kBwd, bool kMax>
+__global__ void __launch_bounds__(kBlock)
+    chan_tile_kernel(Geo g, ChanTile ct, const T* __restrict__ x, const T* __restrict__ dy,
+                     T* __restrict__ out) {
+  using A = typename AccOf<T>::type;
+  using VT = Vec<T, V>;
+  using R = typename VT::R;
+  using AR = typename Raw<V>::type;  // the V one-byte arg-max taps of a vector
+  static_assert(sizeof(R) == 16, "16-byte vectors only");
+  extern __shared__ unsigned char smem[];
+  R* xs = reinterpret_cast<R*>(smem);               // rh x rw x cb
+  R* ds = xs + ct.rh * ct.rw * ct.cb;               // oh x ow x cb (backward)
+  AR* as = reinterpret_cast<AR*>(ds + (kBwd ? ct.oh * ct.ow * ct.cb : 0));
+  // This block's tile: channel block fastest, then across, down, image (vertically adjacent
+  // tiles run together, so the halo rows they share come from L2).
+  uint32_t b = blockIdx.x, q = ct.fnc.div(b);
+  const int cv0 = static_cast<int>(b - q * ct.fnc.d) * ct.cb;
+  b = q;
+  q = ct.fnw.div(b);
+  const int ow0 = static_cast<int>(b - q * ct.fnw.d) * ct.tw;
+  b = q;
+  q = ct.fnh.div(b);
+  const int oh0 = static_cast<int>(b - q * ct.fnh.d) * ct.th;
+  const i64 img = q;
+  const int bh = oh0 - ct.hlo_h, bw = ow0 - ct.hlo_w;  // the first staged output
+  const int r0 = bh * g.st[1] - g.pad[1], c0 = bw * g.st[2] - g.pad[2];  // its first tap
+  const i64 C = g.C;
+  const T* xi = x + img * g.in[1] * g.in[2] * C + static_cast<i64>(cv0) * V;
+  const i64 ybase = img * g.out[1] * g.out[2] * C + static_cast<i64>(cv0) * V;
+  R ninf;  // padding: -inf for max; 0 for avg (a sum from +0 never holds -0, so adding +0 is exact)
+  {
+    T e[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) e[i] = from_acc<T>(kMax ? neg_inf<A>() : A(0));
+    memcpy(&ninf, e, sizeof(R));
+  }
+  FOR_EACH_TID(tid) {
+    const int total = ct.rh * ct.rw * ct.cb;
+    for (int idx = tid; idx < total; idx += kBlock) {
+      const int pix = static_cast<int>(ct.fcb.div(idx)), v = idx - pix * ct.cb;
+      const int r = static_cast<int>(ct.frw.div(pix)), c = pix - r * ct.rw;
+      const int ir = r0 + r, ic = c0 + c;
+      if (ir >= 0 && ir < g.in[1] && ic >= 0 && ic < g.in[2])
+        copy16_async(xs + idx, xi + (static_cast<i64>(ir) * g.in[2] + ic) * C + v * V);
+      else xs[idx] = ninf;
+    }
+    if (kBwd) {
+      const int staged = ct.oh * ct.ow * ct.cb;
+      for (int idx = tid; idx < staged; idx += kBlock) {
+        const int pix = static_cast<int>(ct.fcb.div(idx)), v = idx - pix * ct.cb;
+        const int r = static_cast<int>(ct.fow.div(pix)), c = pix - r * ct.ow;
+        const int o1 = bh + r, o2 = bw + c;  // outside the output: never read
+        if (o1 >= 0 && o1 < g.out[1] && o2 >= 0 && o2 < g.out[2])
+          copy16_async(ds + idx, dy + ybase + (static_cast<i64>(o1) * g.out[2] + o2) * C + v * V);
+      }
+    }
+  }
+  copy_async_wait();
+  __syncthreads();
+  // Each staged output's window: taps (kb, kc) at region rows lr*s + kb*dl, columns lc*s + kc*dl.
+  const int tap_row = g.dl[1] * ct.rw * ct.cb, tap_col = g.dl[2] * ct.cb;
+  auto window_at = [&](int idx, int* o1, int* o2, const R** p) {
+    const int pix = static_cast<int>(ct.fcb.div(idx)), v = idx - pix * ct.cb;
+    const int lr = static_cast<int>(ct.fow.div(pix)), lc = pix - lr * ct.ow;
+    *o1 = bh + lr;
+    *o2 = bw + lc;
+    *p = xs + (lr * g.st[1] * ct.rw + lc * g.st[2]) * ct.cb + v;
+    return v;
+  };
+  if constexpr (!kBwd) {
+    for (int idx = threadIdx.x; idx < ct.oh * ct.ow * ct.cb; idx += kBlock) {
+      int o1, o2;
+      const R* p;
+      const int v = window_at(idx, &o1, &o2, &p);
+      if (o1 >= g.out[1] || o2 >= g.out[2]) continue;
+      T* yo = out + ybase + (static_cast<i64>(o1) * g.out[2] + o2) * C + v * V;
+      if constexpr (!kMax) {
+        A acc[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = A(0);
+        for (int kb = 0; kb < g.win[1]; ++kb)
+          for (int kc = 0; kc < g.win[2]; ++kc) {
+            A val[V];
+            VT::unpack(p[kb * tap_row + kc * tap_col], val);
+#pragma unroll
+            for (int e = 0; e < V; ++e) acc[e] += val[e];
+          }
+        // Depth has window 1: its divisor factor is 1. An empty counting region gives NaN.
+        const int o[3] = {0, o1, o2};
+        const A divisor = static_cast<A>(avg_divisor(g, o));
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = acc[e] / divisor;
+        VT::store(yo, acc);
+      } else if constexpr (sizeof(T) == 2) {
+        // 16-bit max on packed pairs (NaN wins; -inf padding changes nothing).
+        uint32_t acc[4] = {neg_inf2<T>(), neg_inf2<T>(), neg_inf2<T>(), neg_inf2<T>()};
+        for (int kb = 0; kb < g.win[1]; ++kb)
+          for (int kc = 0; kc < g.win[2]; ++kc) {
+            uint32_t w[4];
+            to_words(p[kb * tap_row + kc * tap_col], w);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[i] = max2<T>(acc[i], w[i]);
+          }
+        R r;
+        from_words(acc, &r);
+        *reinterpret_cast<R*>(yo) = r;
+      } else {
+        A acc[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = neg_inf<A>();
+        for (int kb = 0; kb < g.win[1]; ++kb)
+          for (int kc = 0; kc < g.win[2]; ++kc) {
+            A val[V];
+            VT::unpack(p[kb * tap_row + kc * tap_col], val);
+#pragma unroll
+            for (int e = 0; e < V; ++e) acc[e] = max_step(acc[e], val[e]);
+          }
+        VT::store(yo, acc);
+      }
+    }
+  } else {
+    FOR_EACH_TID(tid) {
+      for (int idx = tid; idx < ct.oh * ct.ow * ct.cb; idx += kBlock) {
+        int o1, o2;
+        const R* p;
+        window_at(idx, &o1, &o2, &p);
+        if (o1 < 0 || o1 >= g.out[1] || o2 < 0 || o2 >= g.out[2]) continue;
+        A sel[V];  // NaN: the first tap replaces it, whatever its value
+        int tap[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) sel[e] = quiet_nan<A>(), tap[e] = 0;
+        int k = 0;
+        for (int kb = 0; kb < g.win[1]; ++kb)
+          for (int kc = 0; kc < g.win[2]; ++kc, ++k) {
+            A val[V];
+            VT::unpack(p[kb * tap_row + kc * tap_col], val);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+              const bool take = !(sel[e] >= val[e]);
+              sel[e] = take ? val[e] : sel[e];
+              tap[e] = take ? k : tap[e];
+            }
+          }
+        uint32_t w[(V + 3) / 4] = {};
+#pragma unroll
+        for (int e = 0; e < V; ++e) w[e / 4] |= static_cast<uint32_t>(tap[e]) << (8 * (e % 4));
+        AR a;
+        from_words(w, &a);
+        as[idx] = a;
+      }
+    }
+    __syncthreads();
+    // The inputs this block owns: [i0, i1) x [j0, j1).
+    auto owned = [](int o0, int t, int out, int s, int pad, int in, int* lo, int* hi) {
+      *lo = o0 == 0 ? 0 : min(max(o0 * s - pad, 0), in);
+      *hi = o0 + t >= out ? in : min(max((o0 + t) * s - pad, 0), in);
+    };
+    int i0, i1, j0, j1;
+    owned(oh0, ct.th, g.out[1], g.st[1], g.pad[1], g.in[1], &i0, &i1);
+    owned(ow0, ct.tw, g.out[2], g.st[2], g.pad[2], g.in[2], &j0, &j1);
+    const int row = (j1 - j0) * ct.cb;
+    const int items = (i1 - i0) * row;
+    T* dxi = out + img * g.in[1] * g.in[2] * C + static_cast<i64>(cv0) * V;
+    for (int idx = threadIdx.x; idx < items; idx += kBlock) {
+      const int r = idx / row, rest = idx - r * row;
+      const int c = static_cast<int>(ct.fcb.div(rest)), v = rest - c * ct.cb;
+      const int ih = i0 + r, iw = j0 + c;
+      const Cover c1 = cover(g, 1, ih), c2 = cover(g, 2, iw);
+      A acc[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = A(0);
+      // Covering windows in increasing tap order (the CPU's summation order).
+      for (int a = 0; a < c1.n; ++a) {
+        const int ob = c1.o - a * g.costep[1], kb = c1.k + a * g.cstep[1];
+        for (int cc = 0; cc < c2.n; ++cc) {
+          const int oc = c2.o - cc * g.costep[2], kc = c2.k + cc * g.cstep[2];
+          const int s = ((ob - bh) * ct.ow + (oc - bw)) * ct.cb + v;
+          const uint32_t k = kb * g.win[2] + kc;
+          uint32_t w[(V + 3) / 4];
+          to_words(as[s], w);
+          A d[V];
+          VT::unpack(ds[s], d);
+#pragma unroll
+          for (int e = 0; e < V; ++e)
+            acc[e] = ((w[e / 4] >> (8 * (e % 4))) & 0xffu) == k ? acc[e] + d[e] : acc[e];
+        }
+      }
+      VT::store(dxi + (static_cast<i64>(ih) * g.in[2] + iw) * C + v * V, acc);
+    }
+  }
+}
+
+// Avg pooling when the windows partition the input (stride = window, dilation 1, padding only
+// inside the first and last windows: every input in exactly one window), 2-D windows of
+// kR x kS, 16-byte channel vectors: thread = (output, channel vector) for kItems outputs t, t + kBlock, ... Forward: the
+// window-order sum of its in-bounds taps / divisor; backward: dy * (1 / divisor) (one window per
+// input: a single product) stored to each in-bounds tap. Straight-line, loads in flight together.
+template <typename T, int V, bool kFwd, int kR, int kS, typename I>
+__global__ void __launch_bounds__(kBlock)
+    cell_avg_kernel(Geo g, const T* __restrict__ src, T* __restrict__ dst, I items) {
+  using A = typename AccOf<T>::type;
+  using VT = Vec<T, V>;
+  const I t0 = static_cast<I>(blockIdx.x) * (kBlock * kItems) + threadIdx.x;
+  typename VT::R raw[kItems][kFwd ? kR * kS : 1];
+  i64 base[kItems];  // offset of tap (0, 0) (input) in units of T
+  bool in_r[kItems][kR], in_s[kItems][kS];
+  int div[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const I t = t0 + static_cast<I>(j) * kBlock;
+    if (t >= items) continue;
+    int cv, o[3];
+    i64 n;
+    split_item(t, g.fcv, g.fout[2], g.fout[1], g.fout[0], &cv, o, &n);
+    const int h = o[1] * kR - g.pad[1], w = o[2] * kS - g.pad[2];
+    base[j] = ((n * g.in[0] + o[0]) * g.in[1] + h) * static_cast<i64>(g.in[2]) * g.C +
+              static_cast<i64>(w) * g.C + static_cast<i64>(cv) * V;
+#pragma unroll
+    for (int a = 0; a < kR; ++a) in_r[j][a] = h + a >= 0 && h + a < g.in[1];
+#pragma unroll
+    for (int b = 0; b < kS; ++b) in_s[j][b] = w + b >= 0 && w + b < g.in[2];
+    div[j] = avg_divisor(g, o);
+    if (kFwd) {
+#pragma unroll
+      for (int a = 0; a < kR; ++a)
+#pragma unroll
+        for (int b = 0; b < kS; ++b)
+          if (in_r[j][a] && in_s[j][b])
+            raw[j][a * kS + b] =
+                VT::load(src + base[j] + (static_cast<i64>(a) * g.in[2] + b) * g.C);
+    } else {
+      raw[j][0] = VT::load(src + static_cast<i64>(t) * V);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const I t = t0 + static_cast<I>(j) * kBlock;
+    if (t >= items) continue;
+    A acc[V];
+    if (kFwd) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = A(0);
+#pragma unroll
+      for (int a = 0; a < kR; ++a)
+#pragma unroll
+        for (int b = 0; b < kS; ++b)
+          if (in_r[j][a] && in_s[j][b]) {
+            A v[V];
+            VT::unpack(raw[j][a * kS + b], v);
+#pragma unroll
+            for (int e = 0; e < V; ++e) acc[e] += v[e];
+          }
+      // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = acc[e] / static_cast<A>(div[j]);
+      VT::store(dst + static_cast<i64>(t) * V, acc);
+    } else {
+      const A inv = A(1) / static_cast<A>(div[j]);
+      VT::unpack(raw[j][0], acc);
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = acc[e] * inv;
+#pragma unroll
+      for (int a = 0; a < kR; ++a)
+#pragma unroll
+        for (int b = 0; b < kS; ++b)
+          if (in_r[j][a] && in_s[j][b])
+            VT::store(dst + base[j] + (static_cast<i64>(a) * g.in[2] + b) * g.C, acc);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Host side.
 
 std::string launched(const char* what) {
@@ -1156,6 +1501,24 @@ int split_override() {
   return value;
 }
 
+// JAXDNN_POOL_CHAN: unset: the channel tiles where they apply; "0": never (the older kernels);
+// "TH,TW,CB": those tile sizes (outputs down, across, channel vectors; for sweeps).
+struct ChanOverride {
+  bool off = false;
+  int th = 0, tw = 0, cb = 0;
+};
+const ChanOverride& chan_override() {
+  static const ChanOverride value = [] {
+    ChanOverride o;
+    const char* v = std::getenv("JAXDNN_POOL_CHAN");
+    if (v == nullptr || *v == 0) return o;
+    if (std::strcmp(v, "0") == 0) o.off = true;
+    else if (std::sscanf(v, "%d,%d,%d", &o.th, &o.tw, &o.cb) != 3) o = ChanOverride{};
+    return o;
+  }();
+  return value;
+}
+
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The launches of one (dtype, vector width, index type).
@@ -1179,6 +1542,23 @@ struct Launcher {
       while (S < 32 && (taps + S - 1) / S > kBatch && items * S < 2 * kFillThreads) S *= 2;
     }
     const bool lanes = one_channel && S > 1;
+    if constexpr (sizeof(T) * V == 16) {
+      ChanTile ct;
+      if (S == 1 && !is_max && cells_2x2()) {
+        cell_avg_kernel<T, V, true, 2, 2, I><<<blocks_for(items, kBlock * kItems), kBlock, 0,
+                                               stream>>>(g, x, y, static_cast<I>(items));
+        return launched("avg pool forward (2x2 cells)");
+      }
+      if (S == 1 && chan_tile(false, &ct)) {
+        if (is_max) chan_tile_kernel<T, V, false, true><<<chan_blocks(ct), kBlock,
+                                                          chan_smem(ct, false), stream>>>(
+            g, ct, x, nullptr, y);
+        else chan_tile_kernel<T, V, false, false><<<chan_blocks(ct), kBlock, chan_smem(ct, false),
+                                                    stream>>>(g, ct, x, nullptr, y);
+        return launched(is_max ? "max pool forward (channel tiles)"
+                               : "avg pool forward (channel tiles)");
+      }
+    }
     PlaneTile pt;
     if (S == 1 && plane_tile(false, 0, &pt)) {
       using A = typename AccOf<T>::type;
@@ -1209,6 +1589,82 @@ struct Launcher {
         g, x, y, n, S);
     else split_fwd_kernel<T, V, false, false, I><<<grid, block, smem, stream>>>(g, x, y, n, S);
     return launched(is_max ? "max pool forward (split)" : "avg pool forward (split)");
+  }
+
+  // The tiles of chan_tile_kernel: 16-byte channel vectors, 2-D windows (depth folds into the
+  // images), at most 255 taps backward (one-byte arg-max), the staged data within 48 KB.
+  // Default: 8 outputs down, at most 32 across (balanced), 2 channel vectors (32 bytes, a DRAM
+  // sector) per pixel; more channel vectors while a tile has under 64 (output, vector) items.
+  bool chan_tile(bool backward, ChanTile* ct) const {
+    if (sizeof(T) * V != 16 || chan_override().off) return false;
+    if (p.window[0] != 1 || p.stride[0] != 1 || p.pad_lo[0] != 0) return false;
+    if (p.out[1] < 1 || p.out[2] < 1 || p.N * p.in[0] < 1) return false;
+    if (backward ? p.window_elems() > 255 : p.window_elems() > 64) return false;
+    const i64 CV = p.C / V;
+    const i64 hlo_h = backward ? (p.window[1] - 1) * p.dilation[1] / p.stride[1] : 0;
+    const i64 hlo_w = backward ? (p.window[2] - 1) * p.dilation[2] / p.stride[2] : 0;
+    auto region = [&](int d, i64 t, i64 hlo) {
+      return (t + hlo - 1) * p.stride[d] + (p.window[d] - 1) * p.dilation[d] + 1;
+    };
+    auto bytes = [&](i64 th, i64 tw, i64 cb) {
+      i64 b = region(1, th, hlo_h) * region(2, tw, hlo_w) * cb * 16;
+      if (backward) b += (th + hlo_h) * (tw + hlo_w) * cb * (16 + V);
+      return b;
+    };
+    constexpr i64 kSmem = 48 << 10;
+    const i64 nw0 = (p.out[2] + 31) / 32;
+    i64 th = std::min<i64>(8, p.out[1]), tw = (p.out[2] + nw0 - 1) / nw0;
+    i64 cb = CV % 2 == 0 ? 2 : 1;
+    const ChanOverride& o = chan_override();
+    if (o.th > 0 && o.tw > 0 && o.cb > 0 && CV % o.cb == 0) {
+      th = std::min<i64>(o.th, p.out[1]);
+      tw = std::min<i64>(o.tw, p.out[2]);
+      cb = o.cb;
+    }
+    while (bytes(th, tw, cb) > kSmem && th > 1) th = (th + 1) / 2;
+    while (bytes(th, tw, cb) > kSmem && tw > 1) tw = (tw + 1) / 2;
+    if (bytes(th, tw, cb) > kSmem) return false;
+    while (th * tw * cb < 64 && CV % (2 * cb) == 0 && bytes(th, tw, 2 * cb) <= kSmem) cb *= 2;
+    const i64 nh = (p.out[1] + th - 1) / th, nw = (p.out[2] + tw - 1) / tw, nc = CV / cb;
+    if (p.N * p.in[0] * nh * nw * nc > std::numeric_limits<int32_t>::max()) return false;
+    ct->th = static_cast<int>(th);
+    ct->tw = static_cast<int>(tw);
+    ct->cb = static_cast<int>(cb);
+    ct->hlo_h = static_cast<int>(hlo_h);
+    ct->hlo_w = static_cast<int>(hlo_w);
+    ct->oh = static_cast<int>(th + hlo_h);
+    ct->ow = static_cast<int>(tw + hlo_w);
+    ct->rh = static_cast<int>(region(1, th, hlo_h));
+    ct->rw = static_cast<int>(region(2, tw, hlo_w));
+    ct->fcb = FastDiv(cb);
+    ct->frw = FastDiv(ct->rw);
+    ct->fow = FastDiv(ct->ow);
+    ct->fnc = FastDiv(nc);
+    ct->fnw = FastDiv(nw);
+    ct->fnh = FastDiv(nh);
+    return true;
+  }
+
+  // Shared bytes and blocks of a channel-tile launch.
+  size_t chan_smem(const ChanTile& ct, bool backward) const {
+    size_t b = size_t(16) * ct.rh * ct.rw * ct.cb;
+    if (backward) b += size_t(16 + V) * ct.oh * ct.ow * ct.cb;
+    return b;
+  }
+  unsigned chan_blocks(const ChanTile& ct) const {
+    return static_cast<unsigned>(p.N * p.in[0] * ct.fnh.d * ct.fnw.d * ct.fnc.d);
+  }
+
+  // The windows partition the input along the two inner dimensions (stride = window, dilation
+  // 1, padding only inside the first and last windows) and are 2 x 2; depth folds.
+  bool cells_2x2() const {
+    if (p.window[0] != 1 || p.stride[0] != 1 || p.pad_lo[0] != 0) return false;
+    for (int d = 1; d < 3; ++d) {
+      if (p.window[d] != 2 || p.dilation[d] != 1 || p.stride[d] != 2 || p.pad_lo[d] < 0)
+        return false;
+      if (p.out[d] < 1 || (p.out[d] - 1) * 2 - p.pad_lo[d] + 2 < p.in[d]) return false;
+    }
+    return true;
   }
 
   // The tiles of the plane kernels: one-channel images, a window over the two innermost
@@ -1273,6 +1729,15 @@ struct Launcher {
   template <typename G>
   std::string scatter(const T* x, const T* dy, T* dx, G* arg) const {
     using A = typename AccOf<T>::type;
+    if constexpr (sizeof(T) * V == 16) {
+      // One pass, no workspace.
+      ChanTile ct;
+      if (p.x_elems() > 0 && chan_tile(true, &ct)) {
+        chan_tile_kernel<T, V, true, true><<<chan_blocks(ct), kBlock, chan_smem(ct, true),
+                                             stream>>>(g, ct, x, dy, dx);
+        return launched("max pool backward (channel tiles)");
+      }
+    }
     const i64 out_items = p.y_elems() / V;
     PlaneTile pt;
     if (out_items > 0 && plane_tile(false, 0, &pt)) {
@@ -1313,6 +1778,16 @@ struct Launcher {
                                             sizeof(A) * pt.ih * pt.iw, stream>>>(
           g, pt, dy, nullptr, dx);
       return launched("avg pool backward (tiles)");
+    }
+    if constexpr (sizeof(T) * V == 16) {
+      if (cells_2x2()) {
+        const i64 out_items = p.y_elems() / V;
+        if (out_items == 0) return "";
+        cell_avg_kernel<T, V, false, 2, 2, I><<<blocks_for(out_items, kBlock * kItems), kBlock,
+                                                0, stream>>>(g, dy, dx,
+                                                             static_cast<I>(out_items));
+        return launched("avg pool backward (2x2 cells)");
+      }
     }
     if (disjoint()) {
       disjoint_bwd_kernel<T, V, false, uint8_t, I><<<blocks_for(items, kBlock * kItems), kBlock,

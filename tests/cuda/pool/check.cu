@@ -15,7 +15,8 @@
 // so unwritten elements fail.
 //
 // Usage: check [quick|full] [bench] [--no-check] [--only NAME_PART] [--csv FILE]
-// JAXDNN_POOL_SPLIT=0/1 (read by pool_cuda.cu) forces the forward's plain / split kernels.
+// JAXDNN_POOL_SPLIT=0/1 (read by pool_cuda.cu) forces the forward's plain / split kernels;
+// JAXDNN_POOL_CHAN=0 turns the channel tiles off, =TH,TW,CB forces their sizes.
 // Prints a summary line; exits 1 on any failure. Compiles with nvcc (a GPU) or, through
 // emulate.sh, with g++ against the emulated runtime in emu/ (host execution, sanitizers); with
 // -DJAXDNN_POOL_CHECK_CPU the kernels under test are the CPU ones (pool_cpu.cc), which checks
@@ -204,6 +205,20 @@ std::vector<Spec> specs() {
   add({"r50stem-c64", 2, 1, 64, {14, 13}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}});
   add({"2x2s2-valid-c32-odd", 2, 2, 32, {7, 7}, {2, 2}, {2, 2}});
   add({"window>input-dil-c8", 2, 1, 8, {3, 4}, {4, 3}, {1, 2}, {2, 2}, {3, 2}, {3, 2}});
+  // Channel tiles (chan_tile_kernel: 16-byte channel vectors, several tiles down and across,
+  // halos of 1-2 outputs) and 2x2 cells (cell_avg_kernel); emulate.sh / run.sh also force tiny
+  // tiles (JAXDNN_POOL_CHAN=2,3,1) so that the small specs above cross tile borders.
+  add({"ct-3x3s2p1-c16", 2, 2, 16, {37, 70}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}});
+  add({"ct-3x3s1-same-c8", 2, 1, 8, {19, 40}, {3, 3}, {1, 1}, {}, {1, 1}, {1, 1}});
+  add({"ct-5x5s3p2-ceil-c24", 2, 1, 24, {26, 35}, {5, 5}, {3, 3}, {}, {2, 2}, {2, 2}, true, true});
+  add({"ct-dil2-c8", 2, 1, 8, {21, 36}, {3, 3}, {2, 1}, {2, 2}, {1, 2}, {2, 1}});
+  add({"ct-negpad-c8", 2, 1, 8, {23, 41}, {3, 2}, {2, 2}, {}, {-1, 1}, {-2, 0}});
+  add({"ct-gaps-2x2s3-c16", 2, 1, 16, {20, 35}, {2, 2}, {3, 3}});
+  add({"ct-3d-1x3x3-c8", 3, 1, 8, {3, 18, 17}, {1, 3, 3}, {1, 2, 2}, {}, {0, 1, 1}, {0, 1, 1}});
+  add({"ct-global5x5-c64", 2, 2, 64, {5, 5}, {5, 5}});
+  add({"cells-2x2s2-odd-ceil-c16", 2, 2, 16, {9, 7}, {2, 2}, {2, 2}, {}, {1, 0}, {0, 0}, false,
+       true});
+  add({"cells-2x2s2-3d-c8", 3, 1, 8, {2, 6, 10}, {1, 2, 2}, {1, 2, 2}});
   // One-channel images large enough for the tiled forward (partial tiles, 1-4 rows a thread).
   add({"c1-tiles-3x3s2p1", 2, 3, 1, {40, 37}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}});
   add({"c1-tiles-2x2s2", 2, 2, 1, {34, 66}, {2, 2}, {2, 2}});
@@ -643,6 +658,9 @@ void bench(const char* csv_path) {
        {"", 2, 32, 64, {112, 112}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}}},
       {"maxpool3x3s2p1 NCHW 32x64x112x112",
        {"", 2, 32 * 64, 1, {112, 112}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}}},
+      {"avgpool3x3s2p1 32x112x112x64",
+       {"", 2, 32, 64, {112, 112}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}}},
+      {"avgpool2x2s2 32x112x112x64", {"", 2, 32, 64, {112, 112}, {2, 2}, {2, 2}}},
       {"avgpool2x2s2 32x56x56x256", {"", 2, 32, 256, {56, 56}, {2, 2}, {2, 2}}},
       {"avgpool2x2s2 32x7x7x2048", {"", 2, 32, 2048, {7, 7}, {2, 2}, {2, 2}}},
       {"avgpool3x3s1 excl 32x28x28x256",
@@ -810,13 +828,15 @@ int main(int argc, char** argv) {
     }
   }
   const char* split = std::getenv("JAXDNN_POOL_SPLIT");
+  const char* chan = std::getenv("JAXDNN_POOL_CHAN");
 #ifdef JAXDNN_POOL_CHECK_CPU
   std::printf("[CPU kernels] ");
 #endif
-  std::printf("pool check (%s, JAXDNN_POOL_SPLIT=%s): %d cases, %ld kernel runs, %ld comparisons, "
-              "%ld failures; avg results not bitwise equal to the reference (within bound): %ld\n",
-              full ? "full" : "quick", split ? split : "unset", cases, tl.runs, tl.compared,
-              tl.failed, tl.inexact);
+  std::printf("pool check (%s, JAXDNN_POOL_SPLIT=%s, JAXDNN_POOL_CHAN=%s): %d cases, %ld kernel "
+              "runs, %ld comparisons, %ld failures; avg results not bitwise equal to the "
+              "reference (within bound): %ld\n",
+              full ? "full" : "quick", split ? split : "unset", chan ? chan : "unset", cases,
+              tl.runs, tl.compared, tl.failed, tl.inexact);
 #ifndef JAXDNN_POOL_EMULATION
   if (do_bench) bench(csv);
 #else
