@@ -100,8 +100,9 @@ FAMILY_NOTES = {
         "zero-padded [a*a][G][Cg8][Kg8]) the convolution call takes in place of w. It is cached "
         "the functional way: XLA's CSE shares one U between all convolutions of one filter with "
         "one tile size (weight tying, repeated layers, remat with prevent_cse=False), and "
-        "while-loop invariant code motion hoists it out of scan / fori_loop bodies whose filter "
-        "is loop-invariant. The workspace no longer holds U"),
+        "on the CPU while-loop invariant code motion hoists it out of scan / fori_loop bodies "
+        "whose filter is loop-invariant (XLA:GPU, jax 0.11.2, leaves it in the loop body: one "
+        "transform per step). The workspace no longer holds U"),
     ConvAlgo.WINOGRAD: (
         "CPU: fused F(2x2,3x3): per thread, blocks of 24 tiles through input transform, 16 "
         "products and output transform in cache-resident buffers; backward-filter: up to 8 "
@@ -111,8 +112,9 @@ FAMILY_NOTES = {
         "CUDA: one kernel per block of 32 tiles x 32 output channels (input transform into "
         "shared memory, products in registers, output transform) on the transformed filter U "
         "(16 x C x K/G elements), which, as for WINOGRAD_NONFUSED, is its own custom call "
-        "(jaxdnn_winograd_filter, shared by CSE and hoisted out of loops; on the CPU too, so the "
-        "forward and backward-data need no workspace); backward-filter too: per slice of the "
+        "(jaxdnn_winograd_filter: shared by CSE, hoisted out of loops on the CPU; on the CPU "
+        "too, so the forward and backward-data need no workspace); backward-filter too: per "
+        "slice of the "
         "tiles, both transforms and the per-point products in one kernel, the slices' sums "
         "(workspace, at most 64 slices) added in order (deterministic); fp32 (float64 for "
         "float64) arithmetic"),
