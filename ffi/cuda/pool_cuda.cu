@@ -29,8 +29,9 @@
 //                4 inputs per thread, so their loads are in flight together.
 //   chan_tile    16-byte channel vectors, 2-D windows: a block stages the input region of a
 //                tile of outputs x channel vectors in shared memory (cp.async). Max and avg
-//                forward (windows of <= 64 taps) read their taps from there; the max backward (kMaxScatter,
-//                <= 255 taps) is one pass: it also stages dy of the tile's outputs plus the halo
+//                forward (windows of <= 64 taps; only when forced, slower than window_fwd on
+//                the H200) read their taps from there; the max backward (kMaxScatter, <= 255
+//                taps) is one pass: it also stages dy of the tile's outputs plus the halo
 //                of windows that cover its first inputs, selects every staged window's arg-max
 //                (one byte per element, shared memory), and each input of the tile gathers dy
 //                from the covering windows that selected it. No workspace, no atomics.
@@ -1549,7 +1550,9 @@ struct Launcher {
                                                stream>>>(g, x, y, static_cast<I>(items));
         return launched("avg pool forward (2x2 cells)");
       }
-      if (S == 1 && chan_tile(false, &ct)) {
+      // Forward channel tiles only when forced (JAXDNN_POOL_CHAN=TH,TW,CB): on the H200 they ran
+      // slower than window_fwd (max 3x3/2 bf16 32x112x112x64: 1894 against 2971 GB/s).
+      if (S == 1 && chan_override().th > 0 && chan_tile(false, &ct)) {
         if (is_max) chan_tile_kernel<T, V, false, true><<<chan_blocks(ct), kBlock,
                                                           chan_smem(ct, false), stream>>>(
             g, ct, x, nullptr, y);
