@@ -16,7 +16,7 @@ echo "build $((SECONDS-t0)) s"
 grep -A2 "Compiling entry.*\(gemm\|fused\)_kernel" "$O/build.txt" | grep -E "Used|spill" |
   sort | uniq -c
 t1=$SECONDS
-BENCH_CSV=$O/bench.csv timeout 150 "$B" full bench > "$O/check.txt" 2>&1; check_rc=$?
+BENCH_CSV=$O/bench.csv timeout 300 "$B" full bench > "$O/check.txt" 2>&1; check_rc=$?
 echo "check rc=$check_rc $((SECONDS-t1)) s"
 grep -v "^ok" "$O/check.txt" | grep -v "^BENCH" | head -60
 t1=$SECONDS
