@@ -15,6 +15,10 @@ nvcc -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 --expt-relaxed-constexpr
 echo "build $((SECONDS-t0)) s"
 grep -A2 "Compiling entry.*\(gemm\|fused\)_kernel" "$O/build.txt" | grep -E "Used|spill" |
   sort | uniq -c
+echo "kernels spilling (all, F(6x6) transforms included; the fused kernels' spills predate F(6x6)):"
+awk -F"'" '/Compiling entry/ {f=$2} /bytes spill stores/ && ($0 !~ / 0 bytes spill stores, 0 bytes spill loads/) {
+  sub(/.*frame, /, ""); print f " " $0}' "$O/build.txt" | c++filt |
+  sed 's/(anonymous namespace):://; s/^void jaxdnn::cuda:://; s/(.*)//' | sort | uniq -c | head -20
 t1=$SECONDS
 BENCH_CSV=$O/bench.csv timeout 300 "$B" full bench > "$O/check.txt" 2>&1; check_rc=$?
 echo "check rc=$check_rc $((SECONDS-t1)) s"
