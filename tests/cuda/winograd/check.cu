@@ -1,7 +1,9 @@
 // Standalone check of the CUDA WINOGRAD_NONFUSED and WINOGRAD families through run_conv: fp64
 // host reference over many geometries, every dtype, forward / backward-data / backward-filter
 // of both families, refusals, bitwise repeatability of backward-filter; then timings.
-// Usage: check [quick|full|none] [bench]   (none: timings only)
+// Usage: check [quick|full|none|sweep] [bench]   (none: timings only; sweep: the float32 error of
+// NONFUSED F(4x4), F(6x6) and F(2x2) against the reduction length, C/G or K/G = 16 .. SWEEP_MAX_C
+// (default 2048), printed per case)
 // Each line: ok/FAIL, case, family, op, dtypes, tile, rel = ||out - ref|| / ||ref|| against the
 // stated bound, and max = max |out - ref| / max |ref|. Exits nonzero on any failure.
 // Built with nvcc by run.sh, or with g++ against tests/cuda/winograd/emu (emulate.sh); it links
@@ -252,6 +254,7 @@ const Variant kVariants[] = {{"NONFUSED", ConvAlgo::kWinogradNonfused, 0},
                              {"NF_F2", ConvAlgo::kWinogradNonfused, 2}};
 // rel of every fp32 case run, by "case|variant|op" (the BENCH lines print it beside the time).
 std::map<std::string, double> g_rel;
+bool g_skip_fused = false;  // sweep mode: the NONFUSED variants only
 
 void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
   const ConvProblem p = make(cs);
@@ -273,6 +276,7 @@ void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
   for (const Variant& var : kVariants) {
     const ConvAlgo algo = var.algo;
     const char* an = var.name;
+    if (g_skip_fused && algo == ConvAlgo::kWinograd) continue;
     ConvProblem pv = p;
     pv.tile = var.tile;
     for (int op = 0; op < 3; ++op) {
@@ -579,6 +583,25 @@ int main(int argc, char** argv) {
   const bool none = argc > 1 && !strcmp(argv[1], "none");
   const bool do_bench = argc > 2 && !strcmp(argv[2], "bench");
   std::mt19937 rng(42);
+  if (argc > 1 && !strcmp(argv[1], "sweep")) {
+    // Error growth with the reduction length: forward and backward-data reduce over C/G and K/G
+    // (one case each way), backward-filter over the tiles.
+    g_verbose = true, g_skip_fused = true;
+    const int64_t cmax = getenv("SWEEP_MAX_C") ? atoll(getenv("SWEEP_MAX_C")) : 2048;
+    std::vector<std::string> names;
+    for (int64_t c = 16; c <= cmax; c *= 2)
+      for (int way = 0; way < 2; ++way)
+        names.push_back((way ? "sweep_c16_k" : "sweep_k16_c") + std::to_string(c));
+    for (const std::string& n : names) {
+      const int64_t c = atoll(n.c_str() + 11);
+      const bool wide_c = n[6] == 'k';  // "sweep_k16_c..": C = c, K = 16
+      const Case cs{n.c_str(), Layout::kNHWC, 2, 2, wide_c ? c : 16, wide_c ? 16 : c, 1,
+                    {12, 12}, {3, 3}, {1, 1}, {1, 1}};
+      check_case(cs, DType::kF32, DType::kF32, rng);
+    }
+    printf("SWEEP: %d runs, %d failures\n", g_run, g_fail);
+    return g_fail ? 1 : 0;
+  }
   struct DT {
     DType in, out;
   };
