@@ -266,3 +266,15 @@ def test_auto_never_picks_an_explicit_tile(op):
     assert isinstance(pick, jaxdnn.ConvAlgo)
   assert algorithms.supported_algorithms("cpu", op, g, 4, 64, 64, np.float32, np.float32,
                                          algorithms.MathPrecision.HIGHEST)
+
+
+def test_gpu_auto_stops_picking_f4x4_past_2048_channels():
+  """On the GPU, auto's WINOGRAD_NONFUSED (F(4x4)) needs C/G and K/G <= 2048 (its emulated
+  float32 error reaches 9.1e-6 at 2048, growing like sqrt(C/G) past the 1e-5 bound)."""
+  g = jaxdnn.ConvGeometry(jaxdnn.Layout.NHWC, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1),
+                          (1, 1))
+  order = functools.partial(algorithms._heuristic_order, "cuda", ConvOp.FORWARD, g, 4,
+                            in_dtype=np.float32, precision=algorithms.MathPrecision.HIGHEST)
+  assert order(2048, 2048)[0] == WINO
+  assert WINO not in order(4096, 256)
+  assert WINO not in order(256, 4096)
