@@ -13,7 +13,7 @@ from jaxdnn._src import ffi as _ffi
 
 _ffi.load_cpu_extension()  # raises ImportError on an FFI API mismatch with the running jaxlib
 
-from jaxdnn._src.algorithms import ConvAlgo, MathPrecision  # noqa: E402
+from jaxdnn._src.algorithms import ConvAlgo, MathPrecision, TiledAlgo  # noqa: E402
 from jaxdnn._src.geometry import ConvGeometry, ConvOp, Layout  # noqa: E402
 from jaxdnn.activations import (  # noqa: E402
     activation,
@@ -48,6 +48,7 @@ __all__ = [
     "ConvOp",
     "Layout",
     "MathPrecision",
+    "TiledAlgo",
     "activation",
     "avg_pool",
     "clipped_relu",

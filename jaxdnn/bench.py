@@ -545,7 +545,8 @@ def _parser():
   ap.add_argument("--dtypes", default="fp32", help="comma-separated: " + ", ".join(DTYPES))
   ap.add_argument("--ops", default=",".join(OPS), help="comma-separated: " + ", ".join(OPS))
   ap.add_argument("--algos", default=None,
-                  help="comma-separated families (default: all eight, as cuDNN's find lists)")
+                  help="comma-separated families (default: all eight, as cuDNN's find lists); "
+                       "explicit Winograd tiles too, e.g. winograd_nonfused_f6x6")
   ap.add_argument("--k", type=int, default=None,
                   help="distinct convs per jitted call (default: 16 on GPU, 2 on CPU)")
   ap.add_argument("--repeats", type=int, default=None,

@@ -209,6 +209,15 @@ def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rh
       runs the forward convolution and, under differentiation, its backward operations. A family
       that cannot run the problem raises ValueError naming the ones that can; with an epilogue,
       "auto" picks only families that carry it.
+      WINOGRAD_NONFUSED's output tile: "winograd_nonfused" lets the backend choose F(4x4,3x3)
+      (F(2x2,3x3) when an output side is < 4); "winograd_nonfused_f2x2", "_f4x4" or "_f6x6" (any
+      case), or jaxdnn.TiledAlgo(ConvAlgo.WINOGRAD_NONFUSED, m), forces F(m x m, 3x3) for every
+      Winograd operation of the call, its gradients included (tiles past the output are
+      cropped, so any output size runs; the tile is never switched). Larger tiles do fewer
+      multiplications and lose accuracy: float32 relative error bounds 1e-5 for F(2x2) and
+      F(4x4), 5e-5 for F(6x6) (the contraction over C/G <= 4096 channels; measured in
+      jaxdnn/_src/algorithms.py's FAMILY_NOTES). "auto" never picks an explicit tile. A tile
+      with another family, or a tile other than 2, 4 or 6, raises ValueError.
     bias: None or an array of shape (out_features,), added per output feature.
     residual: None or an array of the output's shape (in the output's layout), added before the
       activation (a ResNet skip connection).

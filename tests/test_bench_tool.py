@@ -135,6 +135,22 @@ def test_user_layer_file_only_algos(tmp_path):
   assert float(r["gflop"]) == pytest.approx(2 * 2 * 4 * 3 * 3 * 6 / 1e9, rel=1e-2)
 
 
+def test_explicit_winograd_tiles_as_algos(tmp_path):
+  """--algos takes the explicit-tile forms: each is its own column (F(6x6) beside the default)."""
+  layer_file = tmp_path / "w.txt"
+  layer_file.write_text("w 1 8 9 9 8 3 3 1 1 1\n")
+  out = tmp_path / "w.csv"
+  rc = bench.main(["--layers", str(layer_file), "--ops", "fwd", "--algos",
+                   "winograd_nonfused,WINOGRAD_NONFUSED_F6X6,winograd_nonfused_f2x2", "--no-lax",
+                   *FAST, "--csv", str(out)])
+  assert rc == 0
+  _, rows = read_csv(out)
+  rows = [r for r in rows if r["impl"] != "torch"]
+  assert [r["impl"] for r in rows] == ["WINOGRAD_NONFUSED", "WINOGRAD_NONFUSED_F6X6",
+                                       "WINOGRAD_NONFUSED_F2X2"]
+  assert all(r["ms"] for r in rows), rows
+
+
 @pytest.mark.parametrize("text, match", [
     ("a 1 2 3\n", "expected a name and 10 integers"),
     ("ok 1 4 6 6 4 3 3 1 1 1\nbad 1 4 6 6 4 3 x 1 1 1\n", ":2: non-integer"),

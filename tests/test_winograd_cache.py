@@ -380,7 +380,7 @@ def test_transform_call_refuses_bad_attributes():
   call = jax.ffi.ffi_call(TRANSFORM, jax.ShapeDtypeStruct(spec[1], F32))
   run = lambda **attrs: jax.block_until_ready(jax.jit(lambda w: call(w, **attrs))(w))
   base = dict(layout=np.int32(0), groups=np.int64(1), tile=np.int32(4), flip=np.int32(0))
-  with pytest.raises(Exception, match="tile must be 2 or 4"):
+  with pytest.raises(Exception, match="tile must be 2, 4 or 6"):
     run(**{**base, "tile": np.int32(3)})
   with pytest.raises(Exception, match="U has the wrong dims"):
     run(**{**base, "tile": np.int32(2)})

@@ -35,6 +35,24 @@ ALGO_RTOL = {
     "winograd_nonfused": {F64: 1e-12, F32: 1e-5, BF16: 2e-2, F16: 5e-3},
     "winograd": {F64: 1e-12, F32: 1e-5, BF16: 2e-2, F16: 5e-3},
 }
+# WINOGRAD_NONFUSED with an explicit output tile (algo="winograd_nonfused_f{m}x{m}", a
+# jaxdnn.TiledAlgo; its .value is the key). Float32 errors against float64, fwd / dgrad / wgrad
+# (benchmarks/winograd_tile_errors.py on the CPU; the GPU checker tests/cuda/winograd/check.cu):
+#   F(2x2): <= 5.1e-7 for C/G = 16 .. 2048 and on the 3x3 benchmark layers;
+#   F(4x4): <= 3.4e-6 (as the default tile);
+#   F(6x6): <= 6.6e-6 on the CPU (its blocked GEMM sums at most 256 channels at a time, so the
+#     error stops growing past C/G = 256); the CUDA kernels under host emulation (check.cu's
+#     sweep: sequential fp32 sums) 8.8e-6 at C/G or K/G = 512, 1.8e-5 at 2048, growing like
+#     sqrt(C/G) (F(4x4) there: 4.9e-6 and 9.1e-6; F(2x2): 6.9e-7 and 1.4e-6). Its bound is 5e-5
+#     (C/G up to about 8192 on the GPU): looser than 1e-5, so `auto` never picks it (auto never
+#     picks an explicit tile at all). Float64: <= 1.2e-14, bound 1e-12 as every family.
+# bfloat16 / float16 results: the output rounding dominates (the kernels compute in float32).
+TILE_RTOL = {
+    2: {F64: 1e-12, F32: 1e-5, BF16: 2e-2, F16: 5e-3},
+    4: {F64: 1e-12, F32: 1e-5, BF16: 2e-2, F16: 5e-3},
+    6: {F64: 1e-12, F32: 5e-5, BF16: 2e-2, F16: 5e-3},
+}
+ALGO_RTOL.update({f"winograd_nonfused_f{m}x{m}": table for m, table in TILE_RTOL.items()})
 
 
 def _is_highest(precision) -> bool:
@@ -50,7 +68,7 @@ def _is_highest(precision) -> bool:
 def tolerance(in_dtype, out_dtype=None, precision=None, platform: str | None = None,
               algo=None) -> float:
   """Bound for a convolution of `in_dtype` operands producing `out_dtype` (by family `algo`, a
-  jaxdnn.ConvAlgo or its value, when given).
+  jaxdnn.ConvAlgo or jaxdnn.TiledAlgo or its value, when given).
 
   A wider result type is computed in that type (the operands are cast up exactly); float32
   operands computed in float32 on the GPU may use TF32 unless the precision is HIGHEST.

@@ -169,6 +169,7 @@ void run_typed(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType o
 
 std::string can_implement(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
   if (std::string why = validate_problem(p); !why.empty()) return why;
+  if (std::string why = tile_unsupported(algo, p); !why.empty()) return why;
   switch (algo) {
     case ConvAlgo::kDirect:
     case ConvAlgo::kGemm:

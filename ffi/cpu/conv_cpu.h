@@ -46,7 +46,8 @@ template <typename T> void implicit_gemm_conv(ConvOp op, const ConvProblem& p,
 size_t implicit_gemm_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes,
                                      bool precomputed);
 
-// WINOGRAD_NONFUSED (conv_winograd.cc): F(4x4, 3x3) or F(2x2, 3x3) transforms through workspace,
+// WINOGRAD_NONFUSED (conv_winograd.cc): F(4x4, 3x3) or F(2x2, 3x3) (or p.tile: 2, 4, 6) transforms
+// through workspace,
 // the per-point channel contractions as gemm() products. 2-D 3x3 filters, stride 1, no dilation.
 // Both Winograd families' forward and backward-data take io.b = U, the transformed filter of
 // winograd_filter_transform (takes_winograd_filter), in T; backward-filter takes dy as always.
@@ -60,13 +61,13 @@ size_t winograd_fused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t el
 std::string winograd_fused_unsupported(ConvOp op, const ConvProblem& p);
 // "" when the Winograd kernels handle the geometry of p, else the reason.
 std::string winograd_unsupported(const ConvProblem& p);
-// Output tile edge (4 or 2) the Winograd family `algo` uses for (op, p): WINOGRAD_NONFUSED 4
-// unless the pass output is smaller than 4 on a side; WINOGRAD always 2.
+// Output tile edge (2, 4 or 6) the Winograd family `algo` uses for (op, p): WINOGRAD_NONFUSED
+// p.tile when set, else 4 unless the pass output is smaller than 4 on a side; WINOGRAD always 2.
 int winograd_tile(ConvOp op, ConvAlgo algo, const ConvProblem& p);
 // The shape of U that a takes_winograd_filter(op, algo) call on p takes: dims and the tile.
 void winograd_filter_shape(ConvOp op, ConvAlgo algo, const ConvProblem& p, DType in, DType out,
                            int* tile, int64_t dims[4]);
-// Dims of U for tile m (2 or 4), G groups and pass channels Cig -> Cog per group:
+// Dims of U for tile m (2, 4 or 6), G groups and pass channels Cig -> Cog per group:
 // {(m + 2)^2, G, Cig, round_up(Cog, gemm NR)}: per (point, group), gemm.h's packed-B panels of a
 // Cig x Cog matrix (columns zero-padded).
 void winograd_filter_dims(int tile, int64_t G, int64_t Cig, int64_t Cog, DType u_dtype,

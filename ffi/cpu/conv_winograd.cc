@@ -1,5 +1,5 @@
 // WINOGRAD_NONFUSED and WINOGRAD families: minimal filtering F(m x m, 3 x 3). NONFUSED: m = 4 or
-// 2, in separate passes through the workspace, with the per-point channel contractions as matrix
+// 2 (or 6 when asked for), in separate passes through the workspace, with the per-point channel contractions as matrix
 // products (gemm.h). WINOGRAD (fused): F(2x2, 3x3), each thread taking small blocks of tiles
 // through input transform, products and output transform in its own cache-resident buffers.
 //
@@ -31,10 +31,12 @@
 //   dw[c][k] = G^T [ sum_tiles V[c] .* Dy[k] ] G,
 // where the sum over tiles is, per point xi, the product V[xi]^T * Dy[xi] (reduction over tiles).
 //
-// Points: F(2, 3) interpolates at 0, 1, -1, inf; F(4, 3) at 0, 1, -1, 2, -2, inf. F(4x4) does
-// 36 multiplications per 16 outputs (2.25 per output against 9 for direct), F(2x2) 16 per 4 (4).
-// F(4x4)'s larger constants cost accuracy (measured float32 relative errors against float64 in
-// tests/test_winograd.py and algorithms.py's notes); tile_m() below picks the tile per problem.
+// Points: F(2, 3) interpolates at 0, 1, -1, inf; F(4, 3) at 0, 1, -1, 2, -2, inf; F(6, 3) at 0,
+// 1, -1, 2, -2, 1/2, -1/2, inf. F(6x6) does 64 multiplications per 36 outputs (1.78 per output),
+// F(4x4) 36 per 16 (2.25), F(2x2) 16 per 4 (4), against 9 for direct. The larger tiles' larger
+// constants cost accuracy (measured float32 relative errors against float64: algorithms.py's
+// FAMILY_NOTES, tests/tolerances.py); tile_m() below picks F(4x4) or F(2x2) per problem, and
+// F(6x6) runs only when asked for (ConvProblem::tile, jaxdnn's "winograd_nonfused_f6x6").
 //
 // The 3-D descriptor is handled with depth 1-filters only: each depth slice is an independent plane.
 #include <algorithm>
@@ -96,6 +98,39 @@ struct Wino<4> {
                                  {0, 1, -1, 2, -2, 0},
                                  {0, 1, 1, 4, 4, 0},
                                  {0, 1, -1, 8, -8, 1}}};
+};
+
+template <>
+struct Wino<6> {
+  static constexpr int A = 8;
+  // Points 0, 1, -1, 2, -2, 1/2, -1/2, inf, in the usual (Lavin and Gray) normalisation: BT row i
+  // holds prod_{j != i} (x - p_j) (the last row prod_j (x - p_j)), up to a sign and a power of
+  // two; G row i is (1, p_i, p_i^2) / prod_{j != i} (p_i - p_j); AT row j evaluates x^j. Per-point
+  // rescalings (AT column i * s, G row i / s, or between G and BT) were measured by float32
+  // emulation (C = 64 .. 1024): powers of two change no rounding at all, and norm-equilibrating
+  // ones (non-powers of two) moved the error by under 2%, never down; so these exact matrices.
+  static constexpr Mat<8, 8> BT{{{1, 0, -21.0 / 4, 0, 21.0 / 4, 0, -1, 0},
+                                 {0, 1, 1, -17.0 / 4, -17.0 / 4, 1, 1, 0},
+                                 {0, -1, 1, 17.0 / 4, -17.0 / 4, -1, 1, 0},
+                                 {0, 0.5, 0.25, -2.5, -1.25, 2, 1, 0},
+                                 {0, -0.5, 0.25, 2.5, -1.25, -2, 1, 0},
+                                 {0, 2, 4, -2.5, -5, 0.5, 1, 0},
+                                 {0, -2, 4, 2.5, -5, -0.5, 1, 0},
+                                 {0, -1, 0, 21.0 / 4, 0, -21.0 / 4, 0, 1}}};
+  static constexpr Mat<8, 3> G{{{1, 0, 0},
+                                {-2.0 / 9, -2.0 / 9, -2.0 / 9},
+                                {-2.0 / 9, 2.0 / 9, -2.0 / 9},
+                                {1.0 / 90, 1.0 / 45, 2.0 / 45},
+                                {1.0 / 90, -1.0 / 45, 2.0 / 45},
+                                {32.0 / 45, 16.0 / 45, 8.0 / 45},
+                                {32.0 / 45, -16.0 / 45, 8.0 / 45},
+                                {0, 0, 1}}};
+  static constexpr Mat<6, 8> AT{{{1, 1, 1, 1, 1, 1, 1, 0},
+                                 {0, 1, -1, 2, -2, 0.5, -0.5, 0},
+                                 {0, 1, 1, 4, 4, 0.25, 0.25, 0},
+                                 {0, 1, -1, 8, -8, 0.125, -0.125, 0},
+                                 {0, 1, 1, 16, 16, 1.0 / 16, 1.0 / 16, 0},
+                                 {0, 1, -1, 32, -32, 1.0 / 32, -1.0 / 32, 1}}};
 };
 
 // Channels transformed together (one vector register of floats).
@@ -210,9 +245,14 @@ Pass make_pass(ConvOp op, const ConvProblem& p) {
   return ps;
 }
 
-// The output tile edge: F(4x4, 3x3) unless the pass output is smaller than 4 on a side (where a
-// 4x4 tile is mostly cropped and F(2x2, 3x3) does fewer multiplications).
-int tile_m(const Pass& ps) { return std::min(ps.P, ps.Q) >= 4 ? 4 : 2; }
+// The output tile edge: the problem's explicit tile (2, 4 or 6) when it has one, else F(4x4, 3x3)
+// unless the pass output is smaller than 4 on a side (where a 4x4 tile is mostly cropped and
+// F(2x2, 3x3) does fewer multiplications). An explicit tile is used whatever the output size
+// (tiles past the output are cropped), so the backward operations keep the forward's tile.
+int tile_m(const Pass& ps, int tile) {
+  if (tile != 0) return tile;
+  return std::min(ps.P, ps.Q) >= 4 ? 4 : 2;
+}
 
 // The 3x3 filter of a pass as strides: element (group g, pass input channel c, pass output
 // channel k, tap (r, s)) at w[g * sg + c * sc + k * sk + r * sr + s * ss + base].
@@ -601,13 +641,13 @@ std::string winograd_unsupported(const ConvProblem& p) {
 }
 
 int winograd_tile(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
-  return algo == ConvAlgo::kWinograd ? 2 : tile_m(make_pass(op, p));
+  return algo == ConvAlgo::kWinograd ? 2 : tile_m(make_pass(op, p), p.tile);
 }
 
 size_t winograd_nonfused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t elem_bytes) {
   if (!winograd_unsupported(p).empty()) return 0;
   const Pass ps = make_pass(op, p);
-  const int m = tile_m(ps), a = m + 2;
+  const int m = tile_m(ps, p.tile), a = m + 2;
   const int64_t tiles = tiles_of(ps, m);
   if (tiles == 0) return 0;
   const int64_t TB = chunk_tiles(tiles, a, ps.Ci, ps.Co, elem_bytes);
@@ -623,10 +663,11 @@ size_t winograd_nonfused_workspace_bytes(ConvOp op, const ConvProblem& p, size_t
 
 template <typename T>
 void winograd_nonfused_conv(ConvOp op, const ConvProblem& p, const ConvOperands<T>& io) {
-  if (winograd_tile(op, ConvAlgo::kWinogradNonfused, p) == 4)
-    run<T, 4>(op, p, io, false);
-  else
-    run<T, 2>(op, p, io, false);
+  switch (winograd_tile(op, ConvAlgo::kWinogradNonfused, p)) {
+    case 6: run<T, 6>(op, p, io, false); break;
+    case 4: run<T, 4>(op, p, io, false); break;
+    default: run<T, 2>(op, p, io, false); break;
+  }
 }
 
 std::string winograd_fused_unsupported(ConvOp, const ConvProblem& p) {
@@ -671,7 +712,9 @@ namespace {
 template <typename T, typename S, typename Cvt>
 void filter_transform_tile(int tile, const S* w, const FilterView& wf, int64_t G, int64_t Cg,
                            int64_t Kg, T* U, Cvt cvt) {
-  if (tile == 4)
+  if (tile == 6)
+    filter_transform<T, 6>(w, wf, G, Cg, Kg, U, cvt);
+  else if (tile == 4)
     filter_transform<T, 4>(w, wf, G, Cg, Kg, U, cvt);
   else
     filter_transform<T, 2>(w, wf, G, Cg, Kg, U, cvt);
@@ -681,7 +724,7 @@ void filter_transform_tile(int tile, const S* w, const FilterView& wf, int64_t G
 
 std::string winograd_filter_transform(const ConvProblem& filter, int tile, bool flip,
                                       DType w_dtype, const void* w, void* u) {
-  if (tile != 2 && tile != 4) return "tile must be 2 or 4";
+  if (tile != 2 && tile != 4 && tile != 6) return "tile must be 2, 4 or 6";
   if (filter.filt[0] != 1 || filter.filt[1] != 3 || filter.filt[2] != 3)
     return "the filter must be 3x3 (depth 1 in 3-D)";
   const FilterView wf = filter_view(filter, flip);

@@ -33,6 +33,7 @@ std::string common_checks(const CudaConvCall& c) {
            dtype_name(c.out) + " result (the result must have the operands' dtype, or be "
            "float32 for bfloat16/float16 operands)";
   if (std::string why = validate_problem(c.problem); !why.empty()) return why;
+  if (std::string why = tile_unsupported(c.algo, c.problem); !why.empty()) return why;
   return "";
 }
 

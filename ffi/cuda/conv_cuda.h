@@ -71,8 +71,8 @@ std::string winograd_run(const CudaConvCall& c, const CudaConvBuffers& io);
 // (takes_winograd_filter, jaxdnn/winograd_filter.h), made by winograd_filter_run (the
 // jaxdnn_winograd_filter call): per (point, group) a zero-padded Cgp x Kgp matrix in the compute
 // type (float32; float64 for float64), dims {(m + 2)^2, G, round_up(Cig, 8), round_up(Cog, 8)}.
-// The tile edge m of `algo` for (op, p): NONFUSED 4 unless the pass output is < 4 on a side;
-// WINOGRAD always 2.
+// The tile edge m of `algo` for (op, p): NONFUSED p.tile when set (2, 4, 6; 6 for float32 /
+// float64 operands only), else 4 unless the pass output is < 4 on a side; WINOGRAD always 2.
 int winograd_tile(ConvOp op, ConvAlgo algo, const ConvProblem& p);
 void winograd_filter_dims(int tile, long long G, long long Cig, long long Cog, int64_t dims[4]);
 // The tile and dims of U that a takes_winograd_filter call takes.

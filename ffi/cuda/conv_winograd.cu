@@ -10,7 +10,9 @@
 // U is an XLA value that the forward and backward-data calls of both families take in place of
 // w, so XLA shares one U between the convolutions of one filter (CSE) and hoists it out of loops.
 //
-// WINOGRAD_NONFUSED, F(4x4,3x3) (F(2x2,3x3) where the pass output is < 4 on a side, as the CPU):
+// WINOGRAD_NONFUSED, F(4x4,3x3) (F(2x2,3x3) where the pass output is < 4 on a side, as the CPU),
+// or the problem's explicit tile (ConvProblem::tile: 2, 4, or 6 = F(6x6,3x3), 64 points, float32
+// and float64 operands only):
 //   1. filter_transform_kernel: U[xi][g][c][k]  (Cgp x Kgp per (xi, g), zero-padded; own call)
 //   2. input_transform_kernel:  V[xi][t][g][c]  (a chunk of TB tiles; NHWC reads coalesced along c)
 //   3. gemm_kernel, one launch: Mo[xi][t][g][k] = V[xi][t][g][:] * U[xi][g]  (M = tiles of the
@@ -179,6 +181,67 @@ struct Tr<4> {  // points 0, 1, -1, 2, -2, inf
   }
 };
 
+template <>
+struct Tr<6> {  // points 0, 1, -1, 2, -2, 1/2, -1/2, inf (ffi/cpu/conv_winograd.cc's Wino<6>)
+  static constexpr int A = 8;
+  // The rows of BT, AT and G pair up as p, -p: each pair is (even part) +- (odd part).
+  template <typename T>
+  __device__ static void bt(const T* d, T* o) {
+    const T c = T(5.25), e = T(4.25);
+    o[0] = d[0] - d[6] + c * (d[4] - d[2]);
+    o[7] = d[7] - d[1] + c * (d[3] - d[5]);
+    T ev = d[2] + d[6] - e * d[4], od = d[1] + d[5] - e * d[3];
+    o[1] = ev + od, o[2] = ev - od;
+    ev = T(0.25) * d[2] - T(1.25) * d[4] + d[6], od = T(0.5) * d[1] - T(2.5) * d[3] + T(2) * d[5];
+    o[3] = ev + od, o[4] = ev - od;
+    ev = T(4) * d[2] - T(5) * d[4] + d[6], od = T(2) * d[1] - T(2.5) * d[3] + T(0.5) * d[5];
+    o[5] = ev + od, o[6] = ev - od;
+  }
+  template <typename T>
+  __device__ static void g(const T* w, T* u) {
+    const T ev1 = w[0] + w[2], c29 = T(-2.0 / 9);
+    u[0] = w[0];
+    u[1] = c29 * (ev1 + w[1]);
+    u[2] = c29 * (ev1 - w[1]);
+    T ev = T(1.0 / 90) * w[0] + T(2.0 / 45) * w[2], od = T(1.0 / 45) * w[1];
+    u[3] = ev + od, u[4] = ev - od;
+    ev = T(32.0 / 45) * w[0] + T(8.0 / 45) * w[2], od = T(16.0 / 45) * w[1];
+    u[5] = ev + od, u[6] = ev - od;
+    u[7] = w[2];
+  }
+  template <typename T>
+  __device__ static void at(const T* m, T* y) {
+    const T p1 = m[1] + m[2], q1 = m[1] - m[2], p2 = m[3] + m[4], q2 = m[3] - m[4];
+    const T p3 = m[5] + m[6], q3 = m[5] - m[6];
+    y[0] = m[0] + p1 + p2 + p3;
+    y[1] = q1 + T(2) * q2 + T(0.5) * q3;
+    y[2] = p1 + T(4) * p2 + T(0.25) * p3;
+    y[3] = q1 + T(8) * q2 + T(0.125) * q3;
+    y[4] = p1 + T(16) * p2 + T(0.0625) * p3;
+    y[5] = q1 + T(32) * q2 + T(0.03125) * q3 + m[7];
+  }
+  template <typename T>
+  __device__ static void a(const T* y, T* v) {
+    v[0] = y[0];
+    T ev = y[0] + y[2] + y[4], od = y[1] + y[3] + y[5];
+    v[1] = ev + od, v[2] = ev - od;
+    ev = y[0] + T(4) * y[2] + T(16) * y[4], od = T(2) * y[1] + T(8) * y[3] + T(32) * y[5];
+    v[3] = ev + od, v[4] = ev - od;
+    ev = y[0] + T(0.25) * y[2] + T(0.0625) * y[4];
+    od = T(0.5) * y[1] + T(0.125) * y[3] + T(0.03125) * y[5];
+    v[5] = ev + od, v[6] = ev - od;
+    v[7] = y[5];
+  }
+  template <typename T>
+  __device__ static void gt(const T* u, T* w) {
+    const T s1 = u[1] + u[2], d1 = u[1] - u[2], s2 = u[3] + u[4], d2 = u[3] - u[4];
+    const T s3 = u[5] + u[6], d3 = u[5] - u[6], c29 = T(-2.0 / 9);
+    w[0] = u[0] + c29 * s1 + T(1.0 / 90) * s2 + T(32.0 / 45) * s3;
+    w[1] = c29 * d1 + T(1.0 / 45) * d2 + T(16.0 / 45) * d3;
+    w[2] = c29 * s1 + T(2.0 / 45) * s2 + T(8.0 / 45) * s3 + u[7];
+  }
+};
+
 // y = F x F^T for a 1-D map F (I -> O): columns first, then rows. x: I x I, y: O x O.
 template <int I, int O, typename T, typename F>
 __device__ __forceinline__ void sandwich(const T (&x)[I][I], T (&y)[O][O], F f) {
@@ -247,8 +310,10 @@ Pass make_pass(ConvOp op, const ConvProblem& p, int m) {
 
 i64 tiles_of(const Pass& ps) { return ps.planes * ps.th * ps.tw; }
 
-// The CPU's rule: F(4x4) unless the pass output is smaller than 4 on a side.
+// The CPU's rule: the problem's explicit tile when it has one (any output size: tiles past the
+// output are cropped), else F(4x4) unless the pass output is smaller than 4 on a side.
 int tile_m(ConvOp op, const ConvProblem& p) {
+  if (p.tile != 0) return p.tile;
   const Pass ps = make_pass(op, p, 4);
   return std::min(ps.P, ps.Q) >= 4 ? 4 : 2;
 }
@@ -1354,10 +1419,15 @@ std::string run_typed(const CudaConvCall& c, const CudaConvBuffers& io) {
   if (c.algo == ConvAlgo::kWinograd)
     return c.op == ConvOp::kBackwardFilter ? fused_wgrad<T, To, Tc>(c, io)
                                            : fused_pass<T, To, Tc>(c, io);
-  const bool m4 = tile_m(c.op, c.problem) == 4;
-  if (c.op == ConvOp::kBackwardFilter)
-    return m4 ? nonfused_wgrad<T, To, Tc, 4>(c, io) : nonfused_wgrad<T, To, Tc, 2>(c, io);
-  return m4 ? nonfused_pass<T, To, Tc, 4>(c, io) : nonfused_pass<T, To, Tc, 2>(c, io);
+  const int m = tile_m(c.op, c.problem);
+  const bool wgrad = c.op == ConvOp::kBackwardFilter;
+  if constexpr (std::is_same_v<T, Tc>) {  // F(6x6): float32 and float64 only (compile time)
+    if (m == 6) return wgrad ? nonfused_wgrad<T, To, Tc, 6>(c, io) : nonfused_pass<T, To, Tc, 6>(c, io);
+  }
+  if (m == 4) return wgrad ? nonfused_wgrad<T, To, Tc, 4>(c, io) : nonfused_pass<T, To, Tc, 4>(c, io);
+  if (m == 2) return wgrad ? nonfused_wgrad<T, To, Tc, 2>(c, io) : nonfused_pass<T, To, Tc, 2>(c, io);
+  return "WINOGRAD_NONFUSED: no F(" + std::to_string(m) + "x" + std::to_string(m) +
+         ", 3x3) kernel for these dtypes";
 }
 
 }  // namespace
@@ -1367,6 +1437,11 @@ std::string winograd_can_implement(const CudaConvCall& c) {
   if (std::string why = unsupported(p); !why.empty()) return why;
   // Launch geometry: the batched GEMM's grid is a*a * G * splits * tile blocks (1-D, < 2^31).
   if (p.G > 50000) return "Winograd kernels support at most 50000 groups";
+  // F(6x6) is instantiated for float32 and float64 operands only (compile time; 16-bit operands
+  // gain nothing from its speed that their output rounding would not hide).
+  if (p.tile == 6 && c.in != DType::kF32 && c.in != DType::kF64)
+    return "WINOGRAD_NONFUSED F(6x6,3x3) runs float32 and float64 operands on CUDA (use tile 2 or "
+           "4, or the default, for 16-bit operands)";
   return "";
 }
 
@@ -1411,7 +1486,7 @@ void winograd_filter_shape(const CudaConvCall& c, int* tile, int64_t dims[4]) {
 
 std::string winograd_filter_run(const ConvProblem& filter, int tile, bool flip, DType w_dtype,
                                 const void* w, void* u, cudaStream_t st) {
-  if (tile != 2 && tile != 4) return "tile must be 2 or 4";
+  if (tile != 2 && tile != 4 && tile != 6) return "tile must be 2, 4 or 6";
   if (std::string why = unsupported(filter); !why.empty()) return why;
   if (filter.G > 50000) return "Winograd kernels support at most 50000 groups";
   // Only the fields filter_transform reads: groups and the pass channels (padded).
@@ -1424,6 +1499,10 @@ std::string winograd_filter_run(const ConvProblem& filter, int tile, bool flip, 
     using Tc = decltype(tag_tc);
     const T* wt = static_cast<const T*>(w);
     Tc* ut = static_cast<Tc*>(u);
+    if constexpr (std::is_same_v<T, Tc>) {  // F(6x6): float32 and float64 only
+      if (tile == 6) return filter_transform<T, Tc, 6>(wt, filter, ps, flip, ut, st);
+    }
+    if (tile == 6) return "F(6x6,3x3) runs float32 and float64 filters on CUDA";
     return tile == 4 ? filter_transform<T, Tc, 4>(wt, filter, ps, flip, ut, st)
                      : filter_transform<T, Tc, 2>(wt, filter, ps, flip, ut, st);
   };

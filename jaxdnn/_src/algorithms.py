@@ -7,7 +7,9 @@ trace time.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import re
 
 import numpy as np
 
@@ -59,9 +61,65 @@ def dtype_id(dtype) -> int:
   return _DTYPE_IDS[np.dtype(dtype)]
 
 
-def parse_algo(algo) -> ConvAlgo | str:
-  """ConvAlgo member, its name or lowercase value, or "auto" -> ConvAlgo or AUTO."""
-  if isinstance(algo, ConvAlgo):
+# The output tiles F(m x m, 3 x 3) that WINOGRAD_NONFUSED can be asked for explicitly.
+WINOGRAD_TILES = (2, 4, 6)
+
+
+@dataclasses.dataclass(frozen=True)
+class TiledAlgo:
+  """An algorithm family with an explicit output tile: WINOGRAD_NONFUSED F(m x m, 3 x 3).
+
+  `jaxdnn.conv(..., algo="winograd_nonfused_f6x6")` (or TiledAlgo(ConvAlgo.WINOGRAD_NONFUSED, 6))
+  runs F(6x6, 3x3) for the forward and, under differentiation, for the Winograd backward
+  operations too; plain ConvAlgo.WINOGRAD_NONFUSED lets the backend pick (F(4x4), F(2x2) when an
+  output side is < 4). An explicit tile is never swapped for another, and `auto` never picks one.
+  Hashable (a primitive parameter); `name`, `value` and `id` read as ConvAlgo's do.
+  """
+
+  family: ConvAlgo
+  tile: int
+
+  def __post_init__(self):
+    if self.family is not ConvAlgo.WINOGRAD_NONFUSED:
+      raise ValueError(f"algo: only WINOGRAD_NONFUSED takes an explicit tile, got "
+                       f"{getattr(self.family, 'name', self.family)!r} with tile {self.tile!r}")
+    if self.tile not in WINOGRAD_TILES:
+      raise ValueError(f"algo: the WINOGRAD_NONFUSED tile must be one of {WINOGRAD_TILES} "
+                       f"(F(2x2,3x3), F(4x4,3x3), F(6x6,3x3)), got {self.tile!r}")
+
+  @property
+  def name(self) -> str:
+    return f"{self.family.name}_F{self.tile}X{self.tile}"
+
+  @property
+  def value(self) -> str:
+    return f"{self.family.value}_f{self.tile}x{self.tile}"
+
+  @property
+  def id(self) -> int:
+    return self.family.id
+
+  def __repr__(self) -> str:
+    return f"TiledAlgo({self.family.name}, {self.tile})"
+
+
+_TILED_RE = re.compile(r"^(?P<family>[a-z_]+?)_f(?P<m>\d+)x(?P=m)$")
+
+
+def algo_family(algo) -> ConvAlgo:
+  """The ConvAlgo of a ConvAlgo or TiledAlgo."""
+  return algo.family if isinstance(algo, TiledAlgo) else algo
+
+
+def algo_tile(algo) -> int:
+  """The explicit output tile of `algo` (0: the family's own choice)."""
+  return algo.tile if isinstance(algo, TiledAlgo) else 0
+
+
+def parse_algo(algo) -> ConvAlgo | TiledAlgo | str:
+  """ConvAlgo member, its name or lowercase value, "auto", a TiledAlgo, or an explicit-tile string
+  "winograd_nonfused_f{2,4,6}x{same}" (any case) -> ConvAlgo, TiledAlgo or AUTO."""
+  if isinstance(algo, (ConvAlgo, TiledAlgo)):
     return algo
   if isinstance(algo, str):
     key = algo.strip().lower()
@@ -70,8 +128,18 @@ def parse_algo(algo) -> ConvAlgo | str:
     for member in ConvAlgo:
       if key == member.value:
         return member
+    match = _TILED_RE.match(key)
+    if match:
+      family = next((m for m in ConvAlgo if m.value == match["family"]), None)
+      if family is not None:
+        try:
+          return TiledAlgo(family, int(match["m"]))
+        except ValueError as e:
+          raise ValueError(f"{e} (algo={algo!r})") from None
   names = ", ".join(repr(a.value) for a in ConvAlgo)
-  raise ValueError(f"algo must be 'auto', a jaxdnn.ConvAlgo or one of {names}; got {algo!r}")
+  tiles = ", ".join(repr(f"winograd_nonfused_f{m}x{m}") for m in WINOGRAD_TILES)
+  raise ValueError(f"algo must be 'auto', a jaxdnn.ConvAlgo, one of {names}, or an explicit "
+                   f"Winograd tile {tiles}; got {algo!r}")
 
 
 # Properties of each family on each backend: (deterministic, note). Error bounds per dtype are the
@@ -102,7 +170,24 @@ FAMILY_NOTES = {
         "one tile size (weight tying, repeated layers, remat with prevent_cse=False), and "
         "on the CPU while-loop invariant code motion hoists it out of scan / fori_loop bodies "
         "whose filter is loop-invariant (XLA:GPU, jax 0.11.2, leaves it in the loop body: one "
-        "transform per step). The workspace no longer holds U"),
+        "transform per step). The workspace no longer holds U. "
+        "Explicit tiles (TiledAlgo; algo='winograd_nonfused_f2x2' / '_f4x4' / '_f6x6'): "
+        "F(m x m,3x3) for every operation of the call, whatever the output size (tiles are "
+        "cropped), never switched; F(6x6,3x3) interpolates at 0, +-1, +-2, +-1/2 and inf (a = 8: "
+        "64 per-point GEMMs, 1.78 multiplications per output against 2.25 for F(4x4)), with "
+        "Lavin and Gray's matrices (per-point rescalings measured by emulation changed the error "
+        "by < 2%, powers of two not at all). CUDA runs F(6x6) for float32 and float64 operands "
+        "only. Relative error bounds in float32: F(2x2) 1e-5 (measured <= 5.2e-7 on the 3x3 "
+        "benchmark layers and C/G = 16..2048; 1.4e-6 emulated on the GPU), F(4x4) 1e-5 (<= 3.4e-6 "
+        "on the CPU, 9.1e-6 emulated on the GPU at C/G = 2048), F(6x6) 5e-5 (<= 6.6e-6 on "
+        "the CPU, whose blocked GEMM sums at most 256 channels at a time; 9.1e-6 at C/G = 512 in "
+        "emulation of the GPU's sequential sums and 1.8e-5 at C/G = 2048 (tests/cuda/winograd/ "
+        "check.cu's sweep under emulation), growing like sqrt(C/G): the bound holds to C/G of "
+        "about 8192; backward-filter's error grows with N x tiles instead and stays lower); "
+        "1e-12 in float64 (measured <= 1.2e-14). F(6x6)'s bound exceeds 1e-5, so auto never "
+        "picks it (auto picks no explicit tile at all); on the GPU auto also stops picking the "
+        "default F(4x4) past C/G or K/G = 2048, where its emulated error (9.1e-6 there) would "
+        "leave 1e-5"),
     ConvAlgo.WINOGRAD: (
         "CPU: fused F(2x2,3x3): per thread, blocks of 24 tiles through input transform, 16 "
         "products and output transform in cache-resident buffers; backward-filter: up to 8 "
@@ -148,10 +233,12 @@ FAMILY_NOTES = {
 }
 
 
-def _query_args(op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry, batch: int, channels: int,
+def _query_args(op: ConvOp, algo, geometry: ConvGeometry, batch: int, channels: int,
                 out_channels: int, in_dtype, out_dtype, precision: MathPrecision):
-  return (int(op), algo.id, geometry.problem_dict(batch, channels, out_channels),
-          dtype_id(in_dtype), dtype_id(out_dtype), int(precision))
+  problem = geometry.problem_dict(batch, channels, out_channels)
+  if algo_tile(algo):
+    problem["tile"] = algo_tile(algo)  # nb_problem.h: ConvProblem::tile
+  return (int(op), algo.id, problem, dtype_id(in_dtype), dtype_id(out_dtype), int(precision))
 
 
 # Fused forward convolutions (conv + bias + residual + activation, target jaxdnn_conv_fwd_fused)
@@ -179,7 +266,7 @@ def unsupported_reason(platform: str, op: ConvOp, algo: ConvAlgo, geometry: Conv
     query = getattr(module, "can_implement_fused", None)
     if query is not None:
       return query(*args[1:])
-    if algo not in DEFAULT_EPILOGUE_FAMILIES:
+    if algo_family(algo) not in DEFAULT_EPILOGUE_FAMILIES:
       return f"{algo.name} carries no fused epilogue on {platform}"
   return module.can_implement(*args)
 
@@ -216,7 +303,8 @@ def winograd_filter_shape(platform: str, op: ConvOp, algo: ConvAlgo, geometry: C
   convolutions of one filter and hoists it out of loops. Asked of the backend, which knows the
   layout its GEMMs read.
   """
-  if algo not in (ConvAlgo.WINOGRAD, ConvAlgo.WINOGRAD_NONFUSED) or op == ConvOp.BACKWARD_FILTER:
+  if (algo_family(algo) not in (ConvAlgo.WINOGRAD, ConvAlgo.WINOGRAD_NONFUSED) or
+      op == ConvOp.BACKWARD_FILTER):
     return None
   module = ffi.extension(platform)
   args = _query_args(op, algo, geometry, batch, channels, out_channels, in_dtype, out_dtype,
@@ -280,7 +368,12 @@ def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: i
                  precision == MathPrecision.HIGHEST)
   if highest_f32 and _fft_tiling_pays(geometry, cg, kg, taps):
     order = [ConvAlgo.FFT_TILING, *order]
-  if highest_f32 and tuple(geometry.filter_spatial) == (3, 3) and cg >= 64 and kg >= 64:
+  # F(4x4)'s float32 error grows like sqrt of the reduction length with the GPU's sequential
+  # sums (emulated: 4.9e-6 at C/G = 512, 9.1e-6 at 2048; benchmarks/results/
+  # cpu-2core-winograd-tiles-2026-12-01.md), so past 2048 channels per group it would leave the
+  # 1e-5 bound that qualifies it under HIGHEST: not picked there.
+  if (highest_f32 and tuple(geometry.filter_spatial) == (3, 3) and cg >= 64 and kg >= 64 and
+      max(cg, kg) <= 2048):
     order = [ConvAlgo.WINOGRAD_NONFUSED, *order]
   return order
 
@@ -309,7 +402,8 @@ def choose_algorithm(platform: str, op: ConvOp, requested: ConvAlgo | str,
                      fused: bool = False) -> ConvAlgo:
   """The family to run: the requested one (checked), or the heuristic's pick for "auto".
 
-  Never substitutes a family for an explicitly requested one: raises ValueError instead.
+  Never substitutes a family (or a tile) for an explicitly requested one: raises ValueError
+  instead. `auto` picks only ConvAlgo families (never an explicit tile: TiledAlgo).
   fused: the forward convolution with an epilogue; `auto` picks only families that carry it.
   """
   args = (geometry, batch, channels, out_channels, in_dtype, out_dtype, precision)

@@ -94,6 +94,10 @@ struct ConvProblem {
   int64_t lhs_dilation[3] = {1, 1, 1};  // input dilation (transposed convolution)
   int64_t pad_lo[3] = {0, 0, 0};
   int64_t pad_hi[3] = {0, 0, 0};
+  // Algorithm parameter, not geometry: the output tile edge m of F(m x m, 3 x 3) that
+  // WINOGRAD_NONFUSED must use (2, 4 or 6), or 0 for the family's own choice (every other
+  // family requires 0). From the FFI call's optional `tile` attribute / the queries' "tile" key.
+  int tile = 0;
 
   int64_t Cg() const { return C / G; }
   int64_t Kg() const { return K / G; }
@@ -128,6 +132,8 @@ inline std::string validate_problem(const ConvProblem& p) {
   if (p.spatial_dims < 1 || p.spatial_dims > 3) return "spatial_dims must be 1, 2 or 3";
   if (p.N < 0 || p.C <= 0 || p.K <= 0 || p.G <= 0)
     return "batch must be >= 0 and channels, output channels and groups must be positive";
+  if (p.tile != 0 && p.tile != 2 && p.tile != 4 && p.tile != 6)
+    return "the Winograd tile must be 2, 4 or 6 (or 0 for the family's choice)";
   if (p.C % p.G != 0) return "input channels must be divisible by feature_group_count";
   if (p.K % p.G != 0) return "output channels must be divisible by feature_group_count";
   for (int i = 0; i < 3; ++i) {
@@ -140,6 +146,14 @@ inline std::string validate_problem(const ConvProblem& p) {
     if (o != p.out[i]) return "output spatial size does not match the geometry";
   }
   return "";
+}
+
+// "" when `algo` accepts the problem's explicit tile (none: every family; 2, 4 or 6:
+// WINOGRAD_NONFUSED only), else the reason.
+inline std::string tile_unsupported(ConvAlgo algo, const ConvProblem& p) {
+  if (p.tile == 0 || algo == ConvAlgo::kWinogradNonfused) return "";
+  return std::string(conv_algo_name(algo)) + " takes no output tile (tile " +
+         std::to_string(p.tile) + " is a WINOGRAD_NONFUSED parameter)";
 }
 
 // Epilogue of a fused forward convolution, applied where a kernel stores its output:

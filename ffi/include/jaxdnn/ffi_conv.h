@@ -8,6 +8,8 @@
 //     layout: i32 (Layout)  algo: i32 (ConvAlgo)  precision: i32 (MathPrecision)  groups: i64
 //     in_spatial, filter_spatial, stride, rhs_dilation, lhs_dilation, pad_lo, pad_hi:
 //       i64 arrays, one entry per spatial dimension (1 to 3)
+//     tile: i32, optional (absent = 0): ConvProblem::tile, the output tile edge WINOGRAD_NONFUSED
+//       must use (2, 4 or 6; 0 = the family's choice; other families require 0)
 // Batch and channel counts are read from the buffers and checked against each other.
 // WINOGRAD and WINOGRAD_NONFUSED forward and backward-data (takes_winograd_filter): operand b is
 // the transformed filter U (the result of jaxdnn_winograd_filter below), not w; the filter's
@@ -21,7 +23,7 @@
 //   operand:  w (the filter, f32, f64, bf16 or f16; HWIO / DHWIO or OIHW / OIDHW by layout)
 //   result:   U, float32 (float64 for a float64 w), dims from the backend's query
 //             winograd_filter_shape (a 4-D array whose leading dims are a*a points and G groups)
-//   attributes: layout: i32, groups: i64, tile: i32 (the output tile edge m: 2 or 4, so a = m + 2),
+//   attributes: layout: i32, groups: i64, tile: i32 (the output tile edge m: 2, 4 or 6; a = m + 2),
 //     flip: i32 (0: the forward's filter; 1: backward-data's, w'(r, s, c, k) = w(2-r, 2-s, k, c))
 //   No workspace, no side effect: identical calls on one w are one XLA value (CSE), and a call
 //   on a loop-invariant w is loop-invariant (hoisted out of while loops).
@@ -175,6 +177,7 @@ inline ffi::Error decode_conv_call(ConvOp op, const ffi::AnyBuffer& a, const ffi
   dec->algo = static_cast<ConvAlgo>(algo);
   dec->precision = static_cast<MathPrecision>(precision);
   p.G = groups;
+  if (auto t = attrs.get<int32_t>("tile"); !t.has_error()) p.tile = *t;
 
   const int nsd = static_cast<int>(a.dimensions().size()) - 2;
   if (nsd < 1 || nsd > 3) return invalid("operands must have 1 to 3 spatial dimensions");
@@ -294,7 +297,7 @@ inline ffi::Error decode_winograd_filter_call(const ffi::AnyBuffer& w, const ffi
   if (auto e = internal::get_attr(attrs, "tile", &tile); !e.success()) return e;
   if (auto e = internal::get_attr(attrs, "flip", &flip); !e.success()) return e;
   if (layout != 0 && layout != 1) return invalid("layout must be 0 (NHWC) or 1 (NCHW)");
-  if (tile != 2 && tile != 4) return invalid("tile must be 2 or 4");
+  if (tile != 2 && tile != 4 && tile != 6) return invalid("tile must be 2, 4 or 6");
   if (flip != 0 && flip != 1) return invalid("flip must be 0 or 1");
   ConvProblem& p = dec->filter;
   p.layout = static_cast<Layout>(layout);

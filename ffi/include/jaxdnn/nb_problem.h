@@ -2,6 +2,7 @@
 // keys below, built by jaxdnn/_src/geometry.py. Shared by the CPU and CUDA nanobind modules.
 //   layout, spatial_dims, N, C, K, G: int
 //   in, filt, stride, dilation, lhs_dilation, pad_lo, pad_hi: sequences of 3 ints (D, H, W)
+//   tile (optional, default 0): ConvProblem::tile, WINOGRAD_NONFUSED's explicit output tile
 #ifndef JAXDNN_NB_PROBLEM_H_
 #define JAXDNN_NB_PROBLEM_H_
 
@@ -36,6 +37,7 @@ inline ConvProblem problem_from_dict(const nb::dict& d) {
   read_triple(d, "lhs_dilation", p.lhs_dilation);
   read_triple(d, "pad_lo", p.pad_lo);
   read_triple(d, "pad_hi", p.pad_hi);
+  if (d.contains("tile")) p.tile = nb::cast<int>(d["tile"]);
   for (int i = 0; i < 3; ++i)
     p.out[i] = conv_output_size(p.in[i], p.filt[i], p.stride[i], p.dilation[i],
                                 p.lhs_dilation[i], p.pad_lo[i], p.pad_hi[i]);

@@ -318,6 +318,12 @@ def filter_operand(platform, op, chosen, w, geometry, n, c, k, kin, kout, precis
               tile=np.int32(tile), flip=np.int32(op == ConvOp.BACKWARD_DATA))
 
 
+def tile_attribute(algo) -> dict:
+  """The conv call's optional `tile` attribute (ffi_conv.h): only for an explicit tile."""
+  tile = algorithms.algo_tile(algo)
+  return {"tile": np.int32(tile)} if tile else {}
+
+
 def _ffi_call(op, platform, a, b, *, geometry, algo, precision, out_dtype):
   n, c, k = problem_sizes(op, a.shape, b.shape, geometry)
   out_shape = _expected_operand_shapes(op, n, c, k, geometry)[2]
@@ -335,7 +341,8 @@ def _ffi_call(op, platform, a, b, *, geometry, algo, precision, out_dtype):
       _FFI_TARGETS[op],
       (jax.ShapeDtypeStruct(out_shape, kout), jax.ShapeDtypeStruct((ws,), np.uint8)))
   out, _ = call(a.astype(kin), b, algo=np.int32(chosen.id),
-                precision=np.int32(precision), **geometry.ffi_attributes())
+                precision=np.int32(precision), **tile_attribute(chosen),
+                **geometry.ffi_attributes())
   return out.astype(out_dtype)
 
 

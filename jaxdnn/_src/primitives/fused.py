@@ -478,7 +478,7 @@ def _fused_ffi_call(platform, x, w, bias, residual, *, geometry, algo, precision
                  absent if bias is None else bias.astype(kout),
                  absent if residual is None else residual.astype(kout),
                  algo=np.int32(chosen.id), precision=np.int32(precision),
-                 activation=np.int32(activations.KINDS[activation].id),
+                 **conv_prims.tile_attribute(chosen), activation=np.int32(activations.KINDS[activation].id),
                  activation_param=np.float64(activation_param), **g.ffi_attributes())
   return [y.astype(out_dtype), z.astype(out_dtype)] if with_preact else [y.astype(out_dtype)]
 

@@ -1,7 +1,9 @@
 // Standalone check of the CUDA WINOGRAD_NONFUSED and WINOGRAD families through run_conv: fp64
 // host reference over many geometries, every dtype, forward / backward-data / backward-filter
 // of both families, refusals, bitwise repeatability of backward-filter; then timings.
-// Usage: check [quick|full|none] [bench]   (none: timings only)
+// Usage: check [quick|full|none|sweep] [bench]   (none: timings only; sweep: the float32 error of
+// NONFUSED F(4x4), F(6x6) and F(2x2) against the reduction length, C/G or K/G = 16 .. SWEEP_MAX_C
+// (default 2048), printed per case)
 // Each line: ok/FAIL, case, family, op, dtypes, tile, rel = ||out - ref|| / ||ref|| against the
 // stated bound, and max = max |out - ref| / max |ref|. Exits nonzero on any failure.
 // Built with nvcc by run.sh, or with g++ against tests/cuda/winograd/emu (emulate.sh); it links
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -198,15 +201,17 @@ bool g_verbose = false;  // print ok lines too (VERBOSE=1, and the bench's error
 // The tile F(m x m) NONFUSED uses for this pass (the CPU's rule), for the log line.
 int tile_of(const ConvProblem& p, int op, ConvAlgo algo) {
   if (algo == ConvAlgo::kWinograd) return 2;
+  if (p.tile != 0) return p.tile;
   const int64_t P = op == 1 ? p.in[1] : p.out[1], Q = op == 1 ? p.in[2] : p.out[2];
   return std::min(P, Q) >= 4 ? 4 : 2;
 }
 
-// Bound on ||out - ref|| / ||ref|| (tests/tolerances.py's ALGO_RTOL, by result dtype).
-double bound(DType out) {
+// Bound on ||out - ref|| / ||ref|| (tests/tolerances.py's ALGO_RTOL / TILE_RTOL, by result
+// dtype; F(6x6) has its own float32 bound).
+double bound(DType out, int tile = 0) {
   switch (out) {
     case DType::kF64: return 1e-12;
-    case DType::kF32: return 1e-5;
+    case DType::kF32: return tile == 6 ? 5e-5 : 1e-5;
     case DType::kBF16: return 2e-2;
     case DType::kF16: return 5e-3;
   }
@@ -236,6 +241,21 @@ std::vector<char> run_one(const CudaConvCall& call, const void* a, const void* b
   return hb;
 }
 
+// What check_case runs: the two families with the backend's tile choice, and NONFUSED with an
+// explicit tile (ConvProblem::tile: F(6x6), and F(2x2) where the default would be F(4x4)).
+struct Variant {
+  const char* name;
+  ConvAlgo algo;
+  int tile;
+};
+const Variant kVariants[] = {{"NONFUSED", ConvAlgo::kWinogradNonfused, 0},
+                             {"FUSED", ConvAlgo::kWinograd, 0},
+                             {"NF_F6", ConvAlgo::kWinogradNonfused, 6},
+                             {"NF_F2", ConvAlgo::kWinogradNonfused, 2}};
+// rel of every fp32 case run, by "case|variant|op" (the BENCH lines print it beside the time).
+std::map<std::string, double> g_rel;
+bool g_skip_fused = false;  // sweep mode: the NONFUSED variants only
+
 void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
   const ConvProblem p = make(cs);
   if (std::string v = validate_problem(p); !v.empty()) {
@@ -253,11 +273,25 @@ void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
   void* dx_ = dev_upload(pack(x, in));
   void* dw_ = dev_upload(pack(w, in));
   void* ddy = dev_upload(pack(dy, in));
-  for (ConvAlgo algo : {ConvAlgo::kWinogradNonfused, ConvAlgo::kWinograd}) {
-    const char* an = algo == ConvAlgo::kWinograd ? "FUSED" : "NONFUSED";
+  for (const Variant& var : kVariants) {
+    const ConvAlgo algo = var.algo;
+    const char* an = var.name;
+    if (g_skip_fused && algo == ConvAlgo::kWinograd) continue;
+    ConvProblem pv = p;
+    pv.tile = var.tile;
     for (int op = 0; op < 3; ++op) {
-      const CudaConvCall call{(ConvOp)op, algo, p, in, out, MathPrecision::kHighest};
+      const CudaConvCall call{(ConvOp)op, algo, pv, in, out, MathPrecision::kHighest};
       const std::string why = wino_can_implement(call);
+      if (var.tile == 6 && in != DType::kF32 && in != DType::kF64) {
+        // F(6x6) is float32 / float64 only: the refusal must say so.
+        const bool ok = why.find("F(6x6") != std::string::npos;
+        if (!ok) {
+          printf("FAIL %-26s %s %s %s: expected the F(6x6) dtype refusal, got '%s'\n", cs.name,
+                 an, opname[op], dname(in), why.c_str());
+          g_fail++;
+        }
+        continue;
+      }
       if (!why.empty()) {
         printf("FAIL %-26s %s %s refused: %s\n", cs.name, an, opname[op], why.c_str());
         g_fail++;
@@ -284,13 +318,15 @@ void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
       }
       const double rel = sr > 0 ? std::sqrt(se / sr) : std::sqrt(se);
       const double mx = maxref > 0 ? maxerr / maxref : maxerr;
-      const bool ok = rel <= bound(out);
+      const int tile = tile_of(pv, op, algo);
+      const bool ok = rel <= bound(out, tile);
+      if (in == DType::kF32 && out == DType::kF32)
+        g_rel[std::string(cs.name) + "|" + an + "|" + opname[op]] = rel;
       if (!ok) g_fail++;
       if (!ok || g_verbose)
         printf("%s %-26s %-8s %-5s %s->%s F(%dx%d) ws=%zu rel=%.3g (bound %.0e) max=%.3g\n",
-               ok ? "ok  " : "FAIL", cs.name, an, opname[op], dname(in), dname(out),
-               tile_of(p, op, algo), tile_of(p, op, algo), wino_workspace_bytes(call), rel,
-               bound(out), mx);
+               ok ? "ok  " : "FAIL", cs.name, an, opname[op], dname(in), dname(out), tile, tile,
+               wino_workspace_bytes(call), rel, bound(out, tile), mx);
     }
   }
   CK(cudaFree(dx_));
@@ -362,6 +398,25 @@ void check_refusals() {
     printf("%s refuse %-12s '%s'\n", ok ? "ok  " : "FAIL", r.what, why.c_str());
     if (!ok) g_fail++;
   }
+  // An explicit tile on the fused family, and a tile that does not exist.
+  {
+    ConvProblem pt = make({"", H, 2, 1, 4, 4, 1, {9, 9}, {3, 3}, {1, 1}, {1, 1}});
+    pt.tile = 6;
+    std::string why = wino_can_implement({ConvOp::kForward, ConvAlgo::kWinograd, pt, DType::kF32,
+                                          DType::kF32, MathPrecision::kHighest});
+    // winograd_can_implement alone does not see the family/tile pairing (conv_cuda.cu's
+    // common_checks does, through tile_unsupported): check the shared predicate here.
+    if (why.empty()) why = tile_unsupported(ConvAlgo::kWinograd, pt);
+    bool ok = why.find("takes no output tile") != std::string::npos;
+    printf("%s refuse fused+tile   '%s'\n", ok ? "ok  " : "FAIL", why.c_str());
+    if (!ok) g_fail++;
+    pt.tile = 3;
+    why = wino_can_implement({ConvOp::kForward, ConvAlgo::kWinogradNonfused, pt, DType::kF32,
+                              DType::kF32, MathPrecision::kHighest});
+    ok = why.find("tile must be 2, 4 or 6") != std::string::npos;
+    printf("%s refuse tile3        '%s'\n", ok ? "ok  " : "FAIL", why.c_str());
+    if (!ok) g_fail++;
+  }
   // Strides and dilations (set directly: make() builds stride-1 problems).
   ConvProblem p = make({"", H, 2, 1, 4, 4, 1, {9, 9}, {3, 3}, {1, 1}, {1, 1}});
   p.stride[2] = 2, p.out[2] = conv_output_size(9, 3, 2, 1, 1, 1, 1);
@@ -391,15 +446,18 @@ void check_repeatable() {
   for (auto& v : dy) v = U(rng);
   void* dx_ = dev_upload(pack(x, DType::kF32));
   void* ddy = dev_upload(pack(dy, DType::kF32));
-  for (ConvAlgo algo : {ConvAlgo::kWinogradNonfused, ConvAlgo::kWinograd}) {
-    const CudaConvCall call{ConvOp::kBackwardFilter, algo, p, DType::kF32, DType::kF32,
+  for (const Variant& var : kVariants) {
+    const ConvAlgo algo = var.algo;
+    ConvProblem pv = p;
+    pv.tile = var.tile;
+    const CudaConvCall call{ConvOp::kBackwardFilter, algo, pv, DType::kF32, DType::kF32,
                             MathPrecision::kHighest};
     std::string e1, e2;
     const auto a = run_one(call, dx_, ddy, p.w_elems(), &e1);
     const auto b = run_one(call, dx_, ddy, p.w_elems(), &e2);
     const bool ok = e1.empty() && e2.empty() && a == b;
     printf("%s %s wgrad bitwise repeatable (ws %zu bytes) %s%s\n", ok ? "ok  " : "FAIL",
-           conv_algo_name(algo), wino_workspace_bytes(call), e1.c_str(), e2.c_str());
+           var.name, wino_workspace_bytes(call), e1.c_str(), e2.c_str());
     if (!ok) g_fail++;
   }
   CK(cudaFree(dx_));
@@ -436,18 +494,20 @@ struct Layer {
   int64_t N, C, K, H, W;
 };
 
-void bench(const Layer& L, DType T, Layout layout, ConvAlgo algo, FILE* csv) {
+void bench(const Layer& L, DType T, Layout layout, const Variant& var, FILE* csv) {
+  const ConvAlgo algo = var.algo;
   // BENCH_LAYERS (names, comma-separated), BENCH_ITERS and BENCH_MAIN_ONLY (fp32 NHWC
   // WINOGRAD_NONFUSED alone) narrow the table, e.g. for ncu.
   if (const char* only = getenv("BENCH_LAYERS"); only && !strstr(only, L.name)) return;
   if (getenv("BENCH_MAIN_ONLY") && (T != DType::kF32 || layout != Layout::kNHWC ||
-                                    algo != ConvAlgo::kWinogradNonfused))
+                                    algo != ConvAlgo::kWinogradNonfused || var.tile != 0))
     return;
   ConvProblem p;
   p.layout = layout, p.spatial_dims = 2, p.N = L.N, p.C = L.C, p.K = L.K, p.G = 1;
   p.in[1] = L.H, p.in[2] = L.W, p.filt[1] = p.filt[2] = 3;
   p.pad_lo[1] = p.pad_lo[2] = p.pad_hi[1] = p.pad_hi[2] = 1;
   p.out[1] = L.H, p.out[2] = L.W;
+  p.tile = var.tile;
   const int NB = 2, iters = getenv("BENCH_ITERS") ? std::max(2, atoi(getenv("BENCH_ITERS"))) : 20;
   const size_t eb = dtype_bytes(T);
   std::vector<void*> X(NB), W(NB), DY(NB), O(NB);
@@ -489,14 +549,21 @@ void bench(const Layer& L, DType T, Layout layout, ConvAlgo algo, FILE* csv) {
     for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
     std::sort(t.begin(), t.end());
     const double med = t[iters / 2];
-    const char* an = algo == ConvAlgo::kWinograd ? "FUSED" : "NONFUSED";
+    const char* an = var.name;
     const char* ln = layout == Layout::kNHWC ? "nhwc" : "nchw";
-    printf("BENCH %-12s %-8s %s %-4s %-5s median %.4f ms  min %.4f  %.2f TFLOP/s  (ws %.1f MB)\n",
-           L.name, an, ln, dname(T), opname[op], med, t[0], flops / (med * 1e-3) / 1e12,
-           ws / 1e6);
+    // The error measured on one image of this layer (fp32 NHWC, before the timings), if any.
+    const auto it = g_rel.find(std::string(L.name) + "|" + an + "|" + opname[op]);
+    char err[32] = "";
+    if (T == DType::kF32 && it != g_rel.end()) snprintf(err, sizeof(err), "  err %.2e", it->second);
+    printf("BENCH %-12s %-8s %s %-4s %-5s F(%dx%d) median %.4f ms  min %.4f  %.2f TFLOP/s  "
+           "(ws %.1f MB)%s\n",
+           L.name, an, ln, dname(T), opname[op], tile_of(p, op, algo), tile_of(p, op, algo), med,
+           t[0], flops / (med * 1e-3) / 1e12, ws / 1e6, err);
     if (csv)
-      fprintf(csv, "%s,%s,%s,%s,%s,%.5f,%.5f,%.3f\n", L.name, an, ln, dname(T), opname[op], med,
-              t[0], flops / (med * 1e-3) / 1e12);
+      // layer,family,layout,dtype,op,median,min,tflops (sweep.sh reads these), then tile,err
+      fprintf(csv, "%s,%s,%s,%s,%s,%.5f,%.5f,%.3f,%d,%s\n", L.name, an, ln, dname(T), opname[op],
+              med, t[0], flops / (med * 1e-3) / 1e12, tile_of(p, op, algo),
+              T == DType::kF32 && it != g_rel.end() ? std::to_string(it->second).c_str() : "");
     for (auto& e : ev) CK(cudaEventDestroy(e));
     if (wsp) CK(cudaFree(wsp));
   }
@@ -516,6 +583,25 @@ int main(int argc, char** argv) {
   const bool none = argc > 1 && !strcmp(argv[1], "none");
   const bool do_bench = argc > 2 && !strcmp(argv[2], "bench");
   std::mt19937 rng(42);
+  if (argc > 1 && !strcmp(argv[1], "sweep")) {
+    // Error growth with the reduction length: forward and backward-data reduce over C/G and K/G
+    // (one case each way), backward-filter over the tiles.
+    g_verbose = true, g_skip_fused = true;
+    const int64_t cmax = getenv("SWEEP_MAX_C") ? atoll(getenv("SWEEP_MAX_C")) : 2048;
+    std::vector<std::string> names;
+    for (int64_t c = 16; c <= cmax; c *= 2)
+      for (int way = 0; way < 2; ++way)
+        names.push_back((way ? "sweep_c16_k" : "sweep_k16_c") + std::to_string(c));
+    for (const std::string& n : names) {
+      const int64_t c = atoll(n.c_str() + 11);
+      const bool wide_c = n[6] == 'k';  // "sweep_k16_c..": C = c, K = 16
+      const Case cs{n.c_str(), Layout::kNHWC, 2, 2, wide_c ? c : 16, wide_c ? 16 : c, 1,
+                    {12, 12}, {3, 3}, {1, 1}, {1, 1}};
+      check_case(cs, DType::kF32, DType::kF32, rng);
+    }
+    printf("SWEEP: %d runs, %d failures\n", g_run, g_fail);
+    return g_fail ? 1 : 0;
+  }
   struct DT {
     DType in, out;
   };
@@ -537,7 +623,8 @@ int main(int argc, char** argv) {
       for (const char* n : kQuick)
         if (!strcmp(c.name, n)) q.push_back(c);
     cs = q;
-    dts = {{DType::kF32, DType::kF32}, {DType::kBF16, DType::kF32}, {DType::kF16, DType::kF16}};
+    dts = {{DType::kF32, DType::kF32}, {DType::kF64, DType::kF64}, {DType::kBF16, DType::kF32},
+           {DType::kF16, DType::kF16}};
   }
   if (const char* d = getenv("WINO_DTYPES")) {  // e.g. WINO_DTYPES=f64,f32
     std::vector<DT> q;
@@ -570,11 +657,16 @@ int main(int argc, char** argv) {
       const Case one{L.name, Layout::kNHWC, 2, 1, L.C, L.K, 1, {L.H, L.W}, {3, 3}, {1, 1}, {1, 1}};
       check_case(one, DType::kF32, DType::kF32, rng);
     }
+    const Variant& nf = kVariants[0];
+    const Variant& fused = kVariants[1];
+    const Variant& f6 = kVariants[2];
     for (const Layer& L : layers) {
-      bench(L, DType::kF32, Layout::kNHWC, ConvAlgo::kWinogradNonfused, csv);
-      bench(L, DType::kF32, Layout::kNCHW, ConvAlgo::kWinogradNonfused, csv);
-      bench(L, DType::kBF16, Layout::kNHWC, ConvAlgo::kWinogradNonfused, csv);
-      bench(L, DType::kF32, Layout::kNHWC, ConvAlgo::kWinograd, csv);
+      bench(L, DType::kF32, Layout::kNHWC, nf, csv);
+      bench(L, DType::kF32, Layout::kNHWC, f6, csv);  // F(6x6) beside F(4x4)
+      bench(L, DType::kF32, Layout::kNCHW, nf, csv);
+      bench(L, DType::kF32, Layout::kNCHW, f6, csv);
+      bench(L, DType::kBF16, Layout::kNHWC, nf, csv);
+      bench(L, DType::kF32, Layout::kNHWC, fused, csv);
     }
     if (csv) fclose(csv);
   }
