@@ -223,14 +223,31 @@ __global__ void __launch_bounds__(256) bab_planes_kernel(const T* __restrict__ t
   if (threadIdx.x == 0) part[blockIdx.x * a.K + k] = red[0];
 }
 
+// db[k] = sum over the slices of part[slice][k]. Block = 32 channels x 32 slice lanes: lane y adds
+// slices y, y + 32, ... (four loads in flight), then the lanes are added in order in shared memory:
+// a fixed order, so deterministic; with one thread per channel the slices' adds formed a chain of
+// dependent L2 loads (1024 slices for K = 64).
 template <class T>
-__global__ void bab_colsum_kernel(const typename BabAcc<T>::type* __restrict__ part, int slices,
-                                  long long K, T* __restrict__ db) {
+__global__ void __launch_bounds__(1024) bab_colsum_kernel(
+    const typename BabAcc<T>::type* __restrict__ part, int slices, long long K,
+    T* __restrict__ db) {
   using A = typename BabAcc<T>::type;
-  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < K;
-       k += (long long)gridDim.x * blockDim.x) {
+  __shared__ A red[32][33];
+  const long long k = blockIdx.x * 32LL + threadIdx.x;
+  A acc[4] = {A(0), A(0), A(0), A(0)};
+  if (k < K) {
+    int sl = threadIdx.y;
+    for (; sl + 96 < slices; sl += 128) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) acc[u] += part[(sl + 32 * u) * K + k];
+    }
+    for (; sl < slices; sl += 32) acc[0] += part[sl * K + k];
+  }
+  red[threadIdx.y][threadIdx.x] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  __syncthreads();
+  if (threadIdx.y == 0 && k < K) {
     A tot = 0;
-    for (int sl = 0; sl < slices; ++sl) tot += part[sl * K + k];
+    for (int y = 0; y < 32; ++y) tot += red[y][threadIdx.x];
     db[k] = from_acc<T>(tot);
   }
 }
@@ -277,8 +294,9 @@ std::string run_bab(const DecodedBiasAct& d, const void* t, const void* tb, cons
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return std::string("bias/activation kernel launch: ") + cudaGetErrorString(e);
   if (db) {
-    const int blocks = static_cast<int>(std::min<long long>((d.K + 255) / 256, 4096));
-    bab_colsum_kernel<T><<<blocks, 256, 0, st>>>(part, sh.slices, d.K, static_cast<T*>(db));
+    const unsigned blocks = static_cast<unsigned>((d.K + 31) / 32);
+    bab_colsum_kernel<T><<<blocks, dim3(32, 32), 0, st>>>(part, sh.slices, d.K,
+                                                          static_cast<T*>(db));
     e = cudaGetLastError();
     if (e != cudaSuccess) return std::string("bias gradient launch: ") + cudaGetErrorString(e);
   }

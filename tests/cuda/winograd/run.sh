@@ -33,7 +33,7 @@ t1=$SECONDS
 timeout 120 "$B" sweep > "$O/sweep_errors.txt" 2>&1; sweep_rc=$?
 echo "error sweep rc=$sweep_rc $((SECONDS-t1)) s (fp32 rel vs C/G or K/G; fwd dgrad wgrad):"
 awk '/^(ok|FAIL)/ {k=$2" "$3; v[k]=v[k]" "$8} END {for (k in v) print k v[k]}' \
-  "$O/sweep_errors.txt" | sed 's/rel=//g' | sort -V | column -t
+  "$O/sweep_errors.txt" | sed 's/rel=//g' | sort -V
 echo "---- timings (fp32 NCHW cuDNN WINOGRAD_NONFUSED vgg_c3_2 0.93 ms, r50_c3_3x3 0.131 ms;"
 echo "     lax HIGHEST vgg_c3_2 2.78 ms)"
 grep "^BENCH" "$O/check.txt"
