@@ -178,16 +178,17 @@ FAMILY_NOTES = {
         "Lavin and Gray's matrices (per-point rescalings measured by emulation changed the error "
         "by < 2%, powers of two not at all). CUDA runs F(6x6) for float32 and float64 operands "
         "only. Relative error bounds in float32: F(2x2) 1e-5 (measured <= 5.2e-7 on the 3x3 "
-        "benchmark layers and C/G = 16..2048; 1.4e-6 emulated on the GPU), F(4x4) 1e-5 (<= 3.4e-6 "
-        "on the CPU, 9.1e-6 emulated on the GPU at C/G = 2048), F(6x6) 5e-5 (<= 6.6e-6 on "
-        "the CPU, whose blocked GEMM sums at most 256 channels at a time; 9.1e-6 at C/G = 512 in "
-        "emulation of the GPU's sequential sums and 1.8e-5 at C/G = 2048 (tests/cuda/winograd/ "
-        "check.cu's sweep under emulation), growing like sqrt(C/G): the bound holds to C/G of "
-        "about 8192; backward-filter's error grows with N x tiles instead and stays lower); "
+        "benchmark layers and C/G = 16..2048; <= 5.1e-7 on the H200), F(4x4) 1e-5 (<= 3.4e-6 "
+        "on the CPU; on the H200 4.5e-6 at C/G = 512 and 8.9e-6 at 2048), F(6x6) 5e-5 (<= 6.6e-6 "
+        "on the CPU, whose blocked GEMM sums at most 256 channels at a time; with the GPU's "
+        "sequential sums, measured on the H200 by tests/cuda/winograd/check.cu's sweep: 6.4e-6 "
+        "at C/G = 256, 8.5e-6 at 512, 1.26e-5 at 1024, 1.71e-5 at 2048, growing like sqrt(C/G): "
+        "the bound holds to C/G of about 8192; on the GPU benchmark layers 3.3e-6 to 8.6e-6; "
+        "backward-filter's error grows with N x tiles instead and stays lower); "
         "1e-12 in float64 (measured <= 1.2e-14). F(6x6)'s bound exceeds 1e-5, so auto never "
         "picks it (auto picks no explicit tile at all); on the GPU auto also stops picking the "
-        "default F(4x4) past C/G or K/G = 2048, where its emulated error (9.1e-6 there) would "
-        "leave 1e-5"),
+        "default F(4x4) past C/G or K/G = 2048, where its error (8.9e-6 there on the H200) "
+        "would leave 1e-5"),
     ConvAlgo.WINOGRAD: (
         "CPU: fused F(2x2,3x3): per thread, blocks of 24 tiles through input transform, 16 "
         "products and output transform in cache-resident buffers; backward-filter: up to 8 "
@@ -369,8 +370,8 @@ def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: i
   if highest_f32 and _fft_tiling_pays(geometry, cg, kg, taps):
     order = [ConvAlgo.FFT_TILING, *order]
   # F(4x4)'s float32 error grows like sqrt of the reduction length with the GPU's sequential
-  # sums (emulated: 4.9e-6 at C/G = 512, 9.1e-6 at 2048; benchmarks/results/
-  # cpu-2core-winograd-tiles-2026-12-01.md), so past 2048 channels per group it would leave the
+  # sums (H200: 4.5e-6 at C/G = 512, 8.9e-6 at 2048; benchmarks/results/
+  # gpu-h200-2026-12-01-s6.md), so past 2048 channels per group it would leave the
   # 1e-5 bound that qualifies it under HIGHEST: not picked there.
   if (highest_f32 and tuple(geometry.filter_spatial) == (3, 3) and cg >= 64 and kg >= 64 and
       max(cg, kg) <= 2048):
