@@ -253,6 +253,82 @@ struct PoolKernels {
     });
   }
 
+  // One tap for n outputs: s, g (selection, tangent) advance to the tap's (v, t) by the
+  // arg-max rule of max_gather (restrict: the compiler may vectorize).
+  static void gather_taps(A* __restrict s, A* __restrict g, const A* __restrict v,
+                          const A* __restrict t, int64_t n) {
+    for (int64_t q = 0; q < n; ++q) {
+      const bool take = !(s[q] >= v[q]);
+      s[q] = take ? v[q] : s[q];
+      g[q] = take ? t[q] : g[q];
+    }
+  }
+
+  // max_gather for one channel (channels-first planes): every output of a row advances through
+  // its window's taps in for_each_window_tap's (a, b, c) order, out-of-bounds taps as -inf with
+  // a zero tangent, so ties and NaN resolve as in max_gather. Each input row of the window is
+  // first split into its stride phases (xph[r][k] = x[r + k * s2]), so that tap c of outputs
+  // q reads phase r contiguously at q + base (q * s2 + off = (q + base) * s2 + r) and the loop
+  // over the row's outputs vectorizes.
+  static void max_gather_single_channel(const PoolProblem& p, const S* x, const S* t, S* y) {
+    const int64_t in_pixels = p.in[0] * p.in[1] * p.in[2], in2 = p.in[2], out2 = p.out[2];
+    const int64_t s2 = p.stride[2], len = (in2 + s2 - 1) / s2;  // elements per phase
+    for_rows(p.N, p.out, out2 * p.window_elems(), [&](int64_t n, int64_t o0, int64_t o1) {
+      // Per-thread scratch, reused across rows (rows are short: one allocation per row cost
+      // as much as the row's work).
+      thread_local std::vector<A> scratch;
+      scratch.resize(static_cast<size_t>(2 * out2 + 2 * s2 * len));
+      A* sv = scratch.data();
+      A* g = sv + out2;
+      A* xph = g + out2;
+      A* tph = xph + s2 * len;
+      std::fill(sv, sv + out2, std::numeric_limits<A>::quiet_NaN());
+      std::fill(g, g + out2, A(0));
+      const int64_t start0 = o0 * p.stride[0] - p.pad_lo[0];
+      const int64_t start1 = o1 * p.stride[1] - p.pad_lo[1];
+      auto pad = [&](int64_t qa, int64_t qb) {  // an out-of-bounds tap: -inf, zero tangent
+        for (int64_t q = qa; q < qb; ++q) {
+          const bool take = !(sv[q] >= -kInf<A>);
+          sv[q] = take ? -kInf<A> : sv[q];
+          g[q] = take ? A(0) : g[q];
+        }
+      };
+      for (int64_t a = 0; a < p.window[0]; ++a) {
+        const int64_t i0 = start0 + a * p.dilation[0];
+        for (int64_t b = 0; b < p.window[1]; ++b) {
+          const int64_t i1 = start1 + b * p.dilation[1];
+          if (i0 < 0 || i0 >= p.in[0] || i1 < 0 || i1 >= p.in[1]) {
+            for (int64_t c = 0; c < p.window[2]; ++c) pad(0, out2);
+            continue;
+          }
+          const int64_t row = n * in_pixels + (i0 * p.in[1] + i1) * in2;
+          for (int64_t r = 0; r < s2 && r < in2; ++r) {
+            const int64_t n_r = (in2 - r + s2 - 1) / s2;  // inputs r, r + s2, ... < in2
+            const S* xs = x + row + r;
+            const S* ts = t + row + r;
+            A* xd = xph + r * len;
+            A* td = tph + r * len;
+            for (int64_t k = 0; k < n_r; ++k) {
+              xd[k] = load(xs[k * s2]);
+              td[k] = load(ts[k * s2]);
+            }
+          }
+          for (int64_t c = 0; c < p.window[2]; ++c) {
+            const int64_t off = c * p.dilation[2] - p.pad_lo[2];  // input of output 0's tap c
+            int64_t q0, q1;  // outputs whose tap c is in bounds: 0 <= q * s2 + off < in2
+            tap_range(off, s2, out2, 0, in2, &q0, &q1);
+            const int64_t r = ((off % s2) + s2) % s2, at = r * len + (off - r) / s2;
+            pad(0, q0);
+            gather_taps(sv + q0, g + q0, xph + at + q0, tph + at + q0, q1 - q0);
+            pad(q1, out2);
+          }
+        }
+      }
+      S* yrow = y + ((n * p.out[0] + o0) * p.out[1] + o1) * out2;
+      for (int64_t q = 0; q < out2; ++q) yrow[q] = store<S>(g[q]);
+    });
+  }
+
   // Tangent at the arg-max of x per window (0 for windows with no in-bounds tap).
   static void max_gather(const PoolProblem& p, const S* x, const S* t, S* y) {
     const int64_t C = p.C, in_pixels = p.in[0] * p.in[1] * p.in[2];
@@ -417,7 +493,9 @@ struct PoolKernels {
       case PoolOp::kMaxForward:
         p.C == 1 ? forward_single_channel<true>(p, as, os) : max_forward(p, as, os);
         break;
-      case PoolOp::kMaxGather: max_gather(p, as, bs, os); break;
+      case PoolOp::kMaxGather:
+        p.C == 1 ? max_gather_single_channel(p, as, bs, os) : max_gather(p, as, bs, os);
+        break;
       case PoolOp::kMaxScatter: max_scatter(p, as, bs, os, static_cast<int32_t*>(workspace)); break;
       case PoolOp::kAvgForward:
         p.C == 1 ? forward_single_channel<false>(p, as, os) : avg_forward(p, as, os);

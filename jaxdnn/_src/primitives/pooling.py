@@ -241,11 +241,11 @@ def _ffi_impl(platform, prim, *args, geometry):
   if 0 in out_aval.shape:
     return jnp.zeros(out_aval.shape, out_aval.dtype)
   target, _, _ = _SIGNATURES[prim]
-  if (platform == "cpu" and not g.channels_last
-      and prim in (max_pool_gather_p, max_pool_scatter_p)):
-    # The CPU arg-max kernels vectorize over channels only: channels-first operands are
-    # transposed to channels-last (two copies; far cheaper than one-channel arg-max loops).
-    # The CUDA kernels run one-channel images directly (one thread per pixel).
+  if platform == "cpu" and not g.channels_last and prim is max_pool_scatter_p:
+    # The CPU arg-max scatter vectorizes over channels only: channels-first operands are
+    # transposed to channels-last (two copies; far cheaper than one-channel scatter loops). The
+    # gather (the JVP) has a one-channel kernel that vectorizes along the output rows, and the
+    # CUDA kernels run one-channel images directly (one thread per pixel).
     to_last = (0, *range(2, len(out_aval.shape)), 1)
     last = dataclasses.replace(g, channels_last=True)
     out = _ffi_impl(platform, prim, *(jnp.transpose(a, to_last) for a in args), geometry=last)
