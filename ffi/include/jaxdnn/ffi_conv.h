@@ -248,13 +248,19 @@ inline ffi::Error decode_conv_call(ConvOp op, const ffi::AnyBuffer& a, const ffi
   return ffi::Error::Success();
 }
 
-// Checks U (operand b of a takes_winograd_filter call) against the dims the backend expects.
-inline ffi::Error check_winograd_filter_dims(const ffi::AnyBuffer& u, const int64_t want[4],
-                                             const DecodedConv& dec, ConvOp op) {
+// Whether U's dims are exactly `want` (the backend's winograd_filter_shape).
+inline bool winograd_filter_dims_are(const ffi::AnyBuffer& u, const int64_t want[4]) {
   const auto d = u.dimensions();
   bool ok = d.size() == 4;
   for (size_t i = 0; ok && i < 4; ++i) ok = d[i] == want[i];
-  if (ok) return ffi::Error::Success();
+  return ok;
+}
+
+// Checks U (operand b of a takes_winograd_filter call) against the dims the backend expects.
+inline ffi::Error check_winograd_filter_dims(const ffi::AnyBuffer& u, const int64_t want[4],
+                                             const DecodedConv& dec, ConvOp op) {
+  if (winograd_filter_dims_are(u, want)) return ffi::Error::Success();
+  const auto d = u.dimensions();
   std::string got, exp;
   for (size_t i = 0; i < d.size(); ++i) got += (i ? ", " : "") + std::to_string(d[i]);
   for (int i = 0; i < 4; ++i) exp += (i ? ", " : "") + std::to_string(want[i]);
@@ -327,10 +333,7 @@ inline ffi::Error decode_winograd_filter_call(const ffi::AnyBuffer& w, const ffi
 
 // Checks the transform's result U against the dims the backend expects.
 inline ffi::Error check_winograd_filter_result(const ffi::AnyBuffer& u, const int64_t want[4]) {
-  const auto d = u.dimensions();
-  bool ok = d.size() == 4;
-  for (size_t i = 0; ok && i < 4; ++i) ok = d[i] == want[i];
-  if (ok) return ffi::Error::Success();
+  if (winograd_filter_dims_are(u, want)) return ffi::Error::Success();
   return ffi::Error::InvalidArgument(
       "jaxdnn Winograd filter transform: U has the wrong dims for this filter, tile and backend "
       "(size it with the extension's winograd_filter_shape query)");
