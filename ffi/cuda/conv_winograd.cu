@@ -958,6 +958,184 @@ __global__ void __launch_bounds__(kThreads, WINO_GEMM_MINB) gemm_kernel(GemmArgs
 }
 
 // ---------------------------------------------------------------------------------------------
+// The same batched GEMM on the tensor cores for float compute (Tc = float: float32 operands, and
+// bf16/f16 operands, whose transforms are float): "3xTF32". Each operand value x splits into
+// big = tf32(x) (cvt.rna, 11 significant bits) and small = tf32(x - big) (the next 11), and
+//   a * b ~= big_a big_b + big_a small_b + small_a big_b   (small_a small_b, ~2^-22 a b, dropped)
+// as three m16n8k8 TF32 mma.sync with fp32 accumulation (small terms first): products at about
+// fp32's error at a fraction of FFMA's cost (errors measured by tests/cuda/winograd/check.cu).
+// Same GemmArgs, grid and zero-fill contract as gemm_kernel; CTA 128 x BN x 32 (BN = 128 wide,
+// 64 narrow), 8 warps as 4 (m) x 2 (n), warp tile 32 x BN/2. Shared-memory rows are padded so
+// that each fragment read (lane = 4 g + t) hits 32 distinct banks with a fixed per-thread base:
+//   m-major A [BM][BK + 4]: a fragment reads rows g, columns t   -> bank 4 g + t
+//   k-major A [BK][BM + 8], B [BK][BN + 8]: rows t, columns g     -> bank 8 t + g
+// JAXDNN_WINO_GEMM=simt (read once) runs gemm_kernel instead, for comparisons.
+// Compile-time knobs (tests/cuda/winograd/sweep.sh SWEEP_SET=tc): WINO_TC_UNROLL (k8 steps
+// unrolled per stage), WINO_TC_MINB (CTAs per SM asked of the register allocator); WINO_NO_TC
+// leaves the tensor-core kernel out.
+#if !defined(JAXDNN_WINO_EMULATION) && !defined(WINO_NO_TC)
+#define JAXDNN_WINO_TC 1
+#ifndef WINO_TC_UNROLL
+#define WINO_TC_UNROLL 1
+#endif
+#ifndef WINO_TC_MINB
+#define WINO_TC_MINB 2
+#endif
+constexpr int kTcBM = 128, kTcBK = 32, kTcStages = 3, kTcK8Unroll = WINO_TC_UNROLL;
+// Floats per stage of the A and B tiles (padded rows, see above).
+template <bool A_KMAJOR>
+constexpr int tc_a_floats() {
+  return A_KMAJOR ? kTcBK * (kTcBM + 8) : kTcBM * (kTcBK + 4);
+}
+template <bool WIDE>
+constexpr int tc_b_floats() {
+  return kTcBK * ((WIDE ? 128 : 64) + 8);
+}
+template <bool A_KMAJOR, bool WIDE>
+constexpr size_t tc_smem_bytes() {
+  return size_t{kTcStages} * (tc_a_floats<A_KMAJOR>() + tc_b_floats<WIDE>()) * sizeof(float);
+}
+
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(x));
+  const float rest = x - __uint_as_float(big);
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(rest));
+}
+
+// d += a * b, m16n8k8 TF32 (not volatile: the compiler may interleave independent products).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <bool A_KMAJOR, bool WIDE>
+__global__ void __launch_bounds__(kThreads, WINO_TC_MINB) gemm_tc_kernel(GemmArgs p) {
+  constexpr int BM = kTcBM, BN = WIDE ? 128 : 64, BK = kTcBK, ST = kTcStages;
+  constexpr int WM = 32, WN = BN / 2, MT = WM / 16, NT = WN / 8;  // warp tile: MT m16 x NT n8
+  constexpr int AF = tc_a_floats<A_KMAJOR>(), BF = tc_b_floats<WIDE>();
+  constexpr int LA = A_KMAJOR ? BM + 8 : BK + 4, LB = BN + 8;  // padded row lengths
+  extern __shared__ __align__(16) unsigned char smem_dyn[];
+  float* const As = reinterpret_cast<float*>(smem_dyn);  // [ST][AF]
+  float* const Bs = As + ST * AF;                         // [ST][BF]
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wm = (warp % 4) * WM, wn = (warp / 4) * WN;
+  const i64 blk = blockIdx.x;
+  const i64 nb = blk % p.nblocks, mb = blk / p.nblocks % p.mblocks;
+  const i64 z = blk / (p.nblocks * p.mblocks);
+  const i64 s = z % p.S, gr = z / p.S % p.G, xi = z / (p.S * p.G);
+  const float* A = static_cast<const float*>(p.A) + xi * p.a_xi + gr * p.a_g + s * p.a_s;
+  const float* B = static_cast<const float*>(p.B) + xi * p.b_xi + gr * p.b_g + s * p.b_s;
+  const i64 m0 = mb * BM, n0 = nb * BN;
+  const int klen = static_cast<int>(std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split)));
+  const int nk = (klen + BK - 1) / BK;
+
+  // Stage kt as 16-byte chunks, chunk q = tid + i * kThreads; k past klen and rows / columns past
+  // M / N are zeros (M, N and klen are multiples of 4 where a chunk runs along them). A chunk
+  // that is not read takes the operand's base as its (unread) source.
+  constexpr int ACW = (A_KMAJOR ? BM : BK) / 4, BCW = BN / 4;  // chunks per source row
+  auto load_stage = [&](int buf, int kt) {
+    const int kb = kt * BK;
+    float* as = As + buf * AF;
+    float* bs = Bs + buf * BF;
+#pragma unroll
+    for (int i = 0; i < BM * BK / 4 / kThreads; ++i) {
+      const int q = tid + i * kThreads, row = q / ACW, c = q % ACW;
+      // k-major: row = k, chunk along m; m-major: row = m, chunk along k.
+      const bool ok = A_KMAJOR ? kb + row < klen && m0 + c * 4 < p.M
+                               : m0 + row < p.M && kb + c * 4 < klen;
+      const float* src = A_KMAJOR ? A + (kb + row) * p.lda + m0 + c * 4
+                                  : A + (m0 + row) * p.lda + kb + c * 4;
+      cp_async16(&as[row * LA + c * 4], ok ? src : static_cast<const float*>(p.A), ok);
+    }
+#pragma unroll
+    for (int i = 0; i < BK * BN / 4 / kThreads; ++i) {
+      const int q = tid + i * kThreads, k = q / BCW, c = q % BCW;
+      const bool ok = kb + k < klen && n0 + c * 4 < p.N;
+      cp_async16(&bs[k * LB + c * 4], ok ? B + (kb + k) * p.ldb + n0 + c * 4
+                                         : static_cast<const float*>(p.B), ok);
+    }
+  };
+
+  float acc[MT][NT][4] = {};
+#pragma unroll
+  for (int st = 0; st < ST - 1; ++st) {
+    if (st < nk) load_stage(st, st);
+    cp_async_commit();
+  }
+#pragma unroll 1
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<ST - 2>();
+    __syncthreads();  // stage kt landed for all; stage kt - 1 is free again
+    if (kt + ST - 1 < nk) load_stage((kt + ST - 1) % ST, kt + ST - 1);
+    cp_async_commit();
+    // This thread's fragment bases: A (row g, col t) or (k t, m g); B (k t, n g).
+    const float* as = As + (kt % ST) * AF + (A_KMAJOR ? t * LA + wm + g : (wm + g) * LA + t);
+    const float* bs = Bs + (kt % ST) * BF + t * LB + wn + g;
+#pragma unroll kTcK8Unroll
+    for (int k8 = 0; k8 < BK; k8 += 8) {
+      uint32_t ab[MT][4], as_[MT][4];
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // a0: (g, t), a1: (g + 8, t), a2: (g, t + 4), a3: (g + 8, t + 4)
+          const int m = i * 16 + (r % 2) * 8, k = k8 + (r / 2) * 4;  // past the base
+          split_tf32(as[A_KMAJOR ? k * LA + m : m * LA + k], ab[i][r], as_[i][r]);
+        }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        uint32_t bb[2], bs_[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)  // b0: (k = t, n = g), b1: (k = t + 4, n = g)
+          split_tf32(bs[(k8 + r * 4) * LB + j * 8], bb[r], bs_[r]);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) mma_tf32(acc[i][j], as_[i], bb[0], bb[1]);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) mma_tf32(acc[i][j], ab[i], bs_[0], bs_[1]);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) mma_tf32(acc[i][j], ab[i], bb[0], bb[1]);
+      }
+    }
+  }
+
+  // c0, c1: (row g, cols 2t, 2t + 1); c2, c3: row g + 8.
+  const i64 em = p.M - m0, en = p.N - n0;
+  float* C = static_cast<float*>(p.C) + xi * p.c_xi + gr * p.c_g + s * p.c_s + m0 * p.ldc + n0;
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int col = wn + j * 8 + 2 * t;
+      if (col >= en) continue;  // N is a multiple of 8: a column pair is whole
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm + i * 16 + g + h * 8;
+        if (r >= em) continue;
+        float2* dst = reinterpret_cast<float2*>(C + r * p.ldc + col);
+        float2 o = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        if (p.accumulate) {
+          const float2 prev = *dst;
+          o.x += prev.x, o.y += prev.y;
+        }
+        *dst = o;
+      }
+    }
+}
+
+// The tensor-core GEMM unless JAXDNN_WINO_GEMM=simt.
+bool use_tc_gemm() {
+  static const bool tc = [] {
+    const char* v = std::getenv("JAXDNN_WINO_GEMM");
+    return v == nullptr || std::strcmp(v, "simt") != 0;
+  }();
+  return tc;
+}
+#endif  // JAXDNN_WINO_TC
+
+// ---------------------------------------------------------------------------------------------
 // WINOGRAD (fused) F(2x2,3x3). CTA: 32 tiles (lanes) x 32 pass output channels of one group
 // (8 warps x 4 channels); input channels in blocks of CB (8 fp32 / 4 fp64: 32 KB of shared
 // memory). Per block: each thread transforms one (tile, channel) into Vs, the CTA loads U's
@@ -1249,6 +1427,26 @@ void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st)
   // Dynamic shared memory bytes of the wide and narrow kernels (0: static arrays).
   const size_t sw = gemm_smem_dynamic<Tc, true>() ? gemm_smem_bytes<Tc, true>() : 0;
   const size_t sn = gemm_smem_dynamic<Tc, false>() ? gemm_smem_bytes<Tc, false>() : 0;
+#ifdef JAXDNN_WINO_TC
+  if constexpr (std::is_same_v<Tc, float>) {
+    if (use_tc_gemm()) {
+      if (a_kmajor && wide) {
+        gemm_smem_optin(gemm_tc_kernel<true, true>, tc_smem_bytes<true, true>());
+        gemm_tc_kernel<true, true><<<grid, kThreads, tc_smem_bytes<true, true>(), st>>>(a);
+      } else if (a_kmajor) {
+        gemm_smem_optin(gemm_tc_kernel<true, false>, tc_smem_bytes<true, false>());
+        gemm_tc_kernel<true, false><<<grid, kThreads, tc_smem_bytes<true, false>(), st>>>(a);
+      } else if (wide) {
+        gemm_smem_optin(gemm_tc_kernel<false, true>, tc_smem_bytes<false, true>());
+        gemm_tc_kernel<false, true><<<grid, kThreads, tc_smem_bytes<false, true>(), st>>>(a);
+      } else {
+        gemm_smem_optin(gemm_tc_kernel<false, false>, tc_smem_bytes<false, false>());
+        gemm_tc_kernel<false, false><<<grid, kThreads, tc_smem_bytes<false, false>(), st>>>(a);
+      }
+      return;
+    }
+  }
+#endif
   if (a_kmajor && wide) {
     gemm_smem_optin(gemm_kernel<Tc, true, true>, sw);
     gemm_kernel<Tc, true, true><<<grid, kThreads, sw, st>>>(a);

@@ -21,6 +21,16 @@ VARIANTS=(
   "chunk256|-DWINO_CHUNK_MIB=256"
   "s4_chunk256|-DWINO_GEMM_STAGES=4 -DWINO_CHUNK_MIB=256"
 )
+# SWEEP_SET=tc: the tensor-core (3xTF32) GEMM's knobs instead, against the SIMT kernel.
+if [ "${SWEEP_SET:-}" = tc ]; then
+  VARIANTS=(
+    "simt|-DWINO_NO_TC"
+    "tc_u1|-DWINO_TC_UNROLL=1"
+    "tc_u4|-DWINO_TC_UNROLL=4"
+    "tc_u1_m1|-DWINO_TC_UNROLL=1 -DWINO_TC_MINB=1"
+    "tc_u4_m1|-DWINO_TC_UNROLL=4 -DWINO_TC_MINB=1"
+  )
+fi
 # SWEEP_EXTRA=1 adds settings whose fp32 m-major wide kernel spills 20-68 bytes at the
 # 128-register cap of 2 CTAs/SM (measured locally with nvcc 13.0; informative only).
 if [ "${SWEEP_EXTRA:-0}" = 1 ]; then
@@ -68,7 +78,7 @@ regs() {
 import re, sys
 out, cur = [], None
 for l in open(sys.argv[1]):
-    m = re.search(r"Function properties for .*gemm_kernelIfLb(\d)ELb1E", l)
+    m = re.search(r"Function properties for .*gemm_(?:tc_kernelI|kernelIf)Lb(\d)ELb1E", l)
     if m: cur = "kmajor" if m.group(1) == "1" else "mmajor"; sp = None; continue
     if cur and "spill stores" in l: sp = re.search(r"(\d+) bytes spill stores", l).group(1)
     if cur and "Used" in l:
