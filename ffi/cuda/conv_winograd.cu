@@ -971,8 +971,8 @@ __global__ void __launch_bounds__(kThreads, WINO_GEMM_MINB) gemm_kernel(GemmArgs
 //   k-major A [BK][BM + 8], B [BK][BN + 8]: rows t, columns g     -> bank 8 t + g
 // JAXDNN_WINO_GEMM=simt (read once) runs gemm_kernel instead, for comparisons.
 // Compile-time knobs (tests/cuda/winograd/sweep.sh SWEEP_SET=tc): WINO_TC_UNROLL (k8 steps
-// unrolled per stage), WINO_TC_MINB (CTAs per SM asked of the register allocator); WINO_NO_TC
-// leaves the tensor-core kernel out.
+// unrolled per stage), WINO_TC_MINB (CTAs per SM asked of the register allocator),
+// WINO_TC_FLUSH (per-stage partial sums, below); WINO_NO_TC leaves the tensor-core kernel out.
 #if !defined(JAXDNN_WINO_EMULATION) && !defined(WINO_NO_TC)
 #define JAXDNN_WINO_TC 1
 #ifndef WINO_TC_UNROLL
@@ -981,6 +981,10 @@ __global__ void __launch_bounds__(kThreads, WINO_GEMM_MINB) gemm_kernel(GemmArgs
 #ifndef WINO_TC_MINB
 #define WINO_TC_MINB 2
 #endif
+#ifndef WINO_TC_FLUSH
+#define WINO_TC_FLUSH 1
+#endif
+constexpr bool kTcFlush = WINO_TC_FLUSH != 0;
 constexpr int kTcBM = 128, kTcBK = 32, kTcStages = 3, kTcK8Unroll = WINO_TC_UNROLL;
 // Floats per stage of the A and B tiles (padded rows, see above).
 template <bool A_KMAJOR>
@@ -1002,6 +1006,16 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& sma
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(rest));
 }
 
+// d = a * b (a zero accumulator), m16n8k8 TF32.
+__device__ __forceinline__ void mma_tf32_first(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  const float zero = 0.f;
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(zero));
+}
+
 // d += a * b, m16n8k8 TF32 (not volatile: the compiler may interleave independent products).
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
@@ -1012,7 +1026,9 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 }
 
 template <bool A_KMAJOR, bool WIDE>
-__global__ void __launch_bounds__(kThreads, WINO_TC_MINB) gemm_tc_kernel(GemmArgs p) {
+// Wide tiles with per-stage partials need ~240 registers: one CTA per SM.
+__global__ void __launch_bounds__(kThreads, WIDE && kTcFlush ? 1 : WINO_TC_MINB)
+    gemm_tc_kernel(GemmArgs p) {
   constexpr int BM = kTcBM, BN = WIDE ? 128 : 64, BK = kTcBK, ST = kTcStages;
   constexpr int WM = 32, WN = BN / 2, MT = WM / 16, NT = WN / 8;  // warp tile: MT m16 x NT n8
   constexpr int AF = tc_a_floats<A_KMAJOR>(), BF = tc_b_floats<WIDE>();
@@ -1075,8 +1091,14 @@ __global__ void __launch_bounds__(kThreads, WINO_TC_MINB) gemm_tc_kernel(GemmArg
     // This thread's fragment bases: A (row g, col t) or (k t, m g); B (k t, n g).
     const float* as = As + (kt % ST) * AF + (A_KMAJOR ? t * LA + wm + g : (wm + g) * LA + t);
     const float* bs = Bs + (kt % ST) * BF + t * LB + wn + g;
-#pragma unroll kTcK8Unroll
-    for (int k8 = 0; k8 < BK; k8 += 8) {
+    // Tensor cores add with truncation (round toward zero), so one accumulator fed by all
+    // K / 8 * 3 MMAs drifts: error linear in K (1.4e-5 at K = 2048 for F(2x2) on the H200).
+    // Each stage's 12 MMAs go to a zeroed partial that is added to acc in fp32 (round to
+    // nearest) -- WINO_TC_FLUSH=0 accumulates in acc directly.
+    float part[MT][NT][4];
+    float(&dst)[MT][NT][4] = kTcFlush ? part : acc;
+    auto k8_step = [&](int k8, auto first) {
+      constexpr bool kZero = decltype(first)::value && kTcFlush;
       uint32_t ab[MT][4], as_[MT][4];
 #pragma unroll
       for (int i = 0; i < MT; ++i)
@@ -1092,12 +1114,26 @@ __global__ void __launch_bounds__(kThreads, WINO_TC_MINB) gemm_tc_kernel(GemmArg
         for (int r = 0; r < 2; ++r)  // b0: (k = t, n = g), b1: (k = t + 4, n = g)
           split_tf32(bs[(k8 + r * 4) * LB + j * 8], bb[r], bs_[r]);
 #pragma unroll
-        for (int i = 0; i < MT; ++i) mma_tf32(acc[i][j], as_[i], bb[0], bb[1]);
+        for (int i = 0; i < MT; ++i) {
+          if constexpr (kZero) mma_tf32_first(dst[i][j], as_[i], bb[0], bb[1]);
+          else mma_tf32(dst[i][j], as_[i], bb[0], bb[1]);
+        }
 #pragma unroll
-        for (int i = 0; i < MT; ++i) mma_tf32(acc[i][j], ab[i], bs_[0], bs_[1]);
+        for (int i = 0; i < MT; ++i) mma_tf32(dst[i][j], ab[i], bs_[0], bs_[1]);
 #pragma unroll
-        for (int i = 0; i < MT; ++i) mma_tf32(acc[i][j], ab[i], bb[0], bb[1]);
+        for (int i = 0; i < MT; ++i) mma_tf32(dst[i][j], ab[i], bb[0], bb[1]);
       }
+    };
+    k8_step(0, std::true_type{});
+#pragma unroll kTcK8Unroll
+    for (int k8 = 8; k8 < BK; k8 += 8) k8_step(k8, std::false_type{});
+    if constexpr (kTcFlush) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[i][j][r] += part[i][j][r];
     }
   }
 

@@ -25,10 +25,10 @@ VARIANTS=(
 if [ "${SWEEP_SET:-}" = tc ]; then
   VARIANTS=(
     "simt|-DWINO_NO_TC"
-    "tc_u1|-DWINO_TC_UNROLL=1"
-    "tc_u4|-DWINO_TC_UNROLL=4"
-    "tc_u1_m1|-DWINO_TC_UNROLL=1 -DWINO_TC_MINB=1"
-    "tc_u4_m1|-DWINO_TC_UNROLL=4 -DWINO_TC_MINB=1"
+    "tc_noflush|-DWINO_TC_FLUSH=0"
+    "tc_flush|"
+    "tc_flush_u4|-DWINO_TC_UNROLL=4"
+    "tc_flush_m1|-DWINO_TC_MINB=1"
   )
 fi
 # SWEEP_EXTRA=1 adds settings whose fp32 m-major wide kernel spills 20-68 bytes at the
