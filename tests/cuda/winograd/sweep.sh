@@ -26,9 +26,10 @@ if [ "${SWEEP_SET:-}" = tc ]; then
   VARIANTS=(
     "simt|-DWINO_NO_TC"
     "tc_noflush|-DWINO_TC_FLUSH=0"
-    "tc_flush|"
-    "tc_flush_u4|-DWINO_TC_UNROLL=4"
-    "tc_flush_m1|-DWINO_TC_MINB=1"
+    "u4|-DWINO_TC_UNROLL=4"
+    "u4_st4|-DWINO_TC_UNROLL=4 -DWINO_TC_STAGES_WIDE=4"
+    "u4_st5|-DWINO_TC_UNROLL=4 -DWINO_TC_STAGES_WIDE=5"
+    "u2_st4|-DWINO_TC_UNROLL=2 -DWINO_TC_STAGES_WIDE=4"
   )
 fi
 # SWEEP_EXTRA=1 adds settings whose fp32 m-major wide kernel spills 20-68 bytes at the
