@@ -41,11 +41,12 @@ ALGO_RTOL = {
 #   F(2x2): <= 5.1e-7 for C/G = 16 .. 2048 and on the 3x3 benchmark layers;
 #   F(4x4): <= 3.4e-6 (as the default tile);
 #   F(6x6): <= 6.6e-6 on the CPU (its blocked GEMM sums at most 256 channels at a time, so the
-#     error stops growing past C/G = 256); the CUDA kernels on the H200 (check.cu's sweep:
-#     sequential fp32 sums) 8.5e-6 at C/G or K/G = 512, 1.71e-5 at 2048, growing like
-#     sqrt(C/G) (F(4x4) there: 4.5e-6 and 8.9e-6; F(2x2): <= 5.1e-7). Its bound is 5e-5
-#     (C/G up to about 8192 on the GPU): looser than 1e-5, so `auto` never picks it (auto never
-#     picks an explicit tile at all). Float64: <= 1.2e-14, bound 1e-12 as every family.
+#     error stops growing past C/G = 256); the CUDA kernels on the H200 (check.cu's sweep,
+#     3xTF32 tensor-core products summed per 32-deep slice) 3.2e-6 at C/G or K/G = 512, 4.3e-6
+#     at 2048 (F(4x4) there: 1.7e-6 and 2.2e-6; F(2x2): <= 3.9e-7; the former FFMA kernel's
+#     sequential sums gave F(6x6) 1.71e-5 at 2048). Its bound stays 5e-5: looser than 1e-5, so
+#     `auto` never picks it (auto never picks an explicit tile at all). Float64: <= 1.2e-14,
+#     bound 1e-12 as every family.
 # bfloat16 / float16 results: the output rounding dominates (the kernels compute in float32).
 TILE_RTOL = {
     2: {F64: 1e-12, F32: 1e-5, BF16: 2e-2, F16: 5e-3},

@@ -15,8 +15,9 @@
 // and float64 operands only):
 //   1. filter_transform_kernel: U[xi][g][c][k]  (Cgp x Kgp per (xi, g), zero-padded; own call)
 //   2. input_transform_kernel:  V[xi][t][g][c]  (a chunk of TB tiles; NHWC reads coalesced along c)
-//   3. gemm_kernel, one launch: Mo[xi][t][g][k] = V[xi][t][g][:] * U[xi][g]  (M = tiles of the
-//      chunk, N = K/G, K = C/G), 36 * G products
+//   3. one batched GEMM launch: Mo[xi][t][g][k] = V[xi][t][g][:] * U[xi][g]  (M = tiles of the
+//      chunk, N = K/G, K = C/G), 36 * G products (gemm_tc_kernel for float compute, gemm_kernel
+//      for double)
 //   4. output_transform_kernel: Y = AT Mo AT^T, cropped, in the output layout and dtype.
 //   Backward-data: the same on dy with w'(r, s, c, k) = w(2 - r, 2 - s, k, c), padding 2 - pad.
 //   Backward-filter: V of x and Dy = AT^T dy AT (dy_transform_kernel), per point
@@ -33,8 +34,10 @@
 //   products into registers, writes the slice's sums, and filter_grad_kernel adds the slices in
 //   order (deterministic) and applies G^T (.) G.
 //
-// Arithmetic: fp32 (FFMA, true fp32, for float32 at every precision and for bf16/f16 operands,
-// which are widened when loaded) or fp64 (DFMA, float64). Transformed operands live in the
+// Arithmetic: fp32 for float32 at every precision and for bf16/f16 operands (widened when
+// loaded): transforms in FFMA, NONFUSED products on the tensor cores as 3xTF32 with fp32-grade
+// error (gemm_tc_kernel), fused-kernel products in FFMA; or fp64 (DFMA, float64) throughout.
+// Transformed operands live in the
 // workspace in that type. Channel pads: Cgp = round_up(C/G, 8), Kgp = round_up(K/G, 8) (per pass
 // input / output channels), zeros in the pads (the GEMM zero-fills its K tail past a multiple
 // of 8).

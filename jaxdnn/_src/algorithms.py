@@ -157,9 +157,10 @@ FAMILY_NOTES = {
         "CUDA: the same tiles, geometry and bounds (2-D 3x3 filters, stride 1, no dilation, "
         "groups, NHWC/NCHW, any padding, 3-D with depth-1 filters), filter, input and output "
         "transforms as separate kernels through workspace and the per-point channel products as "
-        "one batched SIMT GEMM launch (128x128 tiles, fp32 FFMA, true fp32 at every precision; "
-        "float64 in DFMA; bfloat16/float16 operands widened to fp32, so their error is the "
-        "output rounding). Workspace: the backward-filter split partials (backward-filter only) "
+        "one batched GEMM launch (fp32 transforms; float32 and bfloat16/float16 operands "
+        "multiplied on the tensor cores as 3xTF32 with fp32-grade error at every precision, "
+        "16-bit operands widened to fp32 so their error is the output rounding; float64 in "
+        "DFMA). Workspace: the backward-filter split partials (backward-filter only) "
         "plus chunks of transformed tiles, at most about 256 MiB of them. Backward-filter is "
         "deterministic (fixed-order split reduction, no atomics). "
         "Both backends: the filter transform U = G w G^T of the forward and backward-data (the "
@@ -179,16 +180,18 @@ FAMILY_NOTES = {
         "by < 2%, powers of two not at all). CUDA runs F(6x6) for float32 and float64 operands "
         "only. Relative error bounds in float32: F(2x2) 1e-5 (measured <= 5.2e-7 on the 3x3 "
         "benchmark layers and C/G = 16..2048; <= 5.1e-7 on the H200), F(4x4) 1e-5 (<= 3.4e-6 "
-        "on the CPU; on the H200 4.5e-6 at C/G = 512 and 8.9e-6 at 2048), F(6x6) 5e-5 (<= 6.6e-6 "
-        "on the CPU, whose blocked GEMM sums at most 256 channels at a time; with the GPU's "
-        "sequential sums, measured on the H200 by tests/cuda/winograd/check.cu's sweep: 6.4e-6 "
-        "at C/G = 256, 8.5e-6 at 512, 1.26e-5 at 1024, 1.71e-5 at 2048, growing like sqrt(C/G): "
-        "the bound holds to C/G of about 8192; on the GPU benchmark layers 3.3e-6 to 8.6e-6; "
-        "backward-filter's error grows with N x tiles instead and stays lower); "
+        "on the CPU; on the H200 1.7e-6 at C/G = 512 and 2.2e-6 at 2048), F(6x6) 5e-5 (<= 6.6e-6 "
+        "on the CPU, whose blocked GEMM sums at most 256 channels at a time; on the H200, whose "
+        "products run on the tensor cores as 3xTF32 summed per 32-deep slice, "
+        "tests/cuda/winograd/check.cu's sweep measures 3.2e-6 at C/G = 512 and 4.3e-6 at 2048, "
+        "2.0e-6 to 3.2e-6 on the GPU benchmark layers; the former FFMA kernel's sequential sums "
+        "reached 1.71e-5 at 2048); "
         "1e-12 in float64 (measured <= 1.2e-14). F(6x6)'s bound exceeds 1e-5, so auto never "
         "picks it (auto picks no explicit tile at all); on the GPU auto also stops picking the "
-        "default F(4x4) past C/G or K/G = 2048, where its error (8.9e-6 there on the H200) "
-        "would leave 1e-5"),
+        "default F(4x4) past C/G or K/G = 2048, the largest count measured. CUDA: the per-point "
+        "products of float32, bf16 and fp16 operands run on the tensor cores as 3xTF32 (TF32 "
+        "part and TF32 remainder of each operand, three mma.sync, each 32-deep slice summed "
+        "apart and added in fp32); float64 uses DFMA"),
     ConvAlgo.WINOGRAD: (
         "CPU: fused F(2x2,3x3): per thread, blocks of 24 tiles through input transform, 16 "
         "products and output transform in cache-resident buffers; backward-filter: up to 8 "
@@ -364,15 +367,16 @@ def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: i
   # CPU rules pick them. H200 kernel-only (benchmarks/results/gpu-h200-2026-12-01-s4.md):
   # WINOGRAD_NONFUSED 0.100 ms on r50_c3_3x3 against IMPLICIT_PRECOMP_GEMM's 0.371 (1.14 against
   # 4.08 on vgg_c3_2); FFT_TILING 0.087 ms on inc_5x5 against 0.143. Not for 16-bit or TF32
-  # problems, where the GEMM families use the tensor cores and these kernels do not.
+  # problems, where the GEMM families' single-pass tensor-core products win (Winograd's are
+  # 3xTF32: bf16 vgg_c3_2 forward 0.891 ms against IMPLICIT_PRECOMP_GEMM's 0.259, s7).
   highest_f32 = (in_dtype is not None and np.dtype(in_dtype) == np.float32 and
                  precision == MathPrecision.HIGHEST)
   if highest_f32 and _fft_tiling_pays(geometry, cg, kg, taps):
     order = [ConvAlgo.FFT_TILING, *order]
-  # F(4x4)'s float32 error grows like sqrt of the reduction length with the GPU's sequential
-  # sums (H200: 4.5e-6 at C/G = 512, 8.9e-6 at 2048; benchmarks/results/
-  # gpu-h200-2026-12-01-s6.md), so past 2048 channels per group it would leave the
-  # 1e-5 bound that qualifies it under HIGHEST: not picked there.
+  # F(4x4)'s float32 error grows with the reduction length: on the H200 1.7e-6 at C/G = 512 and
+  # 2.2e-6 at 2048 with the 3xTF32 products (8.9e-6 at 2048 with the former FFMA kernel's
+  # sequential sums; benchmarks/results/gpu-h200-2026-12-01-s7.md). Past 2048 channels per
+  # group, the largest count measured, auto does not rely on the 1e-5 bound: not picked there.
   if (highest_f32 and tuple(geometry.filter_spatial) == (3, 3) and cg >= 64 and kg >= 64 and
       max(cg, kg) <= 2048):
     order = [ConvAlgo.WINOGRAD_NONFUSED, *order]
