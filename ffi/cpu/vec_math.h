@@ -159,6 +159,17 @@ struct VecMathF {
     return p * pow2i(n + 127u);
   }
 
+  // e^z for z <= 88.7 (log-probabilities, say) with results below the smallest normal float
+  // (z < -87.3) flushed to 0: e^(-inf) = 0, NaN in, NaN out. Cheaper than exp (one scale factor,
+  // no overflow handling); z above 88.7 is clamped there (finite result), so callers bound z.
+  static JAXDNN_VEC_INLINE float exp_flush(float z) {
+    constexpr float kLo = -87.33654f;  // ln(2^-126)
+    constexpr float kHi = 88.7f;
+    const float zc = z < kLo ? kLo : (z > kHi ? kHi : z);  // keeps NaN
+    const float y = exp_normal_range(zc);
+    return z < kLo ? 0.0f : y;
+  }
+
   // gelu's derivative Phi(x) + x phi(x), Phi(x) = erfc(-x / sqrt 2) / 2, phi(x) = e^(-x^2/2) /
   // sqrt(2 pi). With a = |x| / sqrt 2 and e = e^(-a^2), both share e:
   //   Phi(x) = [x > 0] -+ e R(t) / 2 (the erfcx fit, - for x > 0),  x phi(x) = e x / sqrt(2 pi),
