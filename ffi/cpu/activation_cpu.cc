@@ -39,12 +39,10 @@ inline C pointwise(C s, C p) {
 }
 
 // gelu's f'(x) = Phi(x) + x phi(x), with one exponential shared by Phi and phi (activation.h's
-// generic formula evaluates erfc and exp separately).
+// generic formula evaluates erfc and exp separately); see VecMathF::gelu_grad.
 template <>
 inline float pointwise<Op::kGradInput, Activation::kGelu, float>(float x, float) {
-  float cdf, pdf;
-  VecMathF::normal_cdf_pdf(x, &cdf, &pdf);
-  return cdf + x * pdf;
+  return VecMathF::gelu_grad(x);
 }
 
 // out[i] = op(s[i]) (* dy[i]) over contiguous compute-type buffers.

@@ -40,14 +40,19 @@ class ThreadPool {
       task_ = &task;
       num_tasks_ = num_tasks;
       next_.store(0);
-      pending_workers_ = static_cast<int>(threads_.size());
+      active_workers_ = 0;
+      open_ = true;
       error_ = nullptr;
       ++generation_;
     }
     wake_.notify_all();
     drain();
+    // Every task is taken. Wait only for the workers that joined this job: one that wakes later
+    // (its core busy with another process) finds the job closed and goes back to sleep, instead
+    // of the caller waiting for it to be scheduled.
     std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [this] { return pending_workers_ == 0; });
+    open_ = false;
+    done_.wait(lock, [this] { return active_workers_ == 0; });
     task_ = nullptr;
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
@@ -72,10 +77,12 @@ class ThreadPool {
         wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
+        if (!open_) continue;
+        ++active_workers_;
       }
       drain();
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_workers_ == 0) done_.notify_one();
+      if (--active_workers_ == 0) done_.notify_one();
     }
   }
 
@@ -85,7 +92,8 @@ class ThreadPool {
   const std::function<void(int64_t)>* task_ = nullptr;
   int64_t num_tasks_ = 0;
   std::atomic<int64_t> next_{0};
-  int pending_workers_ = 0;
+  int active_workers_ = 0;  // workers inside the current job
+  bool open_ = false;       // whether workers may still join the current job
   uint64_t generation_ = 0;
   std::exception_ptr error_;
   bool stop_ = false;

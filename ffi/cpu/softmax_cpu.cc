@@ -243,19 +243,25 @@ void forward_cols(const S* x, S* y, int64_t n, int64_t inner, int64_t w) {
 // ------------------------------------------------------------------------------------------
 // Backward: pass 1 sums a(y, v) over the row, pass 2 writes b(y, v, sum).
 
+// log_softmax's y is <= 0, so its exponential never overflows; in float32 the cheaper exp_flush
+// serves (a softmax value below 1.2e-38 counts as 0).
+template <typename C>
+inline C exp_of_log_prob(C y) {
+  if constexpr (std::is_same_v<C, float>) return VecMathF::exp_flush(y);
+  return MathOf<C>::exp(y);
+}
+
 template <SoftmaxOp kOp, typename C>
 inline C bwd_term(C y, C v) {
-  using M = MathOf<C>;
   if constexpr (kOp == SoftmaxOp::kSoftmax) return v * y;
   if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v;
-  return v * M::exp(y);
+  return v * exp_of_log_prob(y);
 }
 
 template <SoftmaxOp kOp, typename C>
 inline C bwd_out(C y, C v, C sum) {
-  using M = MathOf<C>;
   if constexpr (kOp == SoftmaxOp::kSoftmax) return y * (v - sum);
-  if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v - M::exp(y) * sum;
+  if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v - exp_of_log_prob(y) * sum;
   return v - sum;
 }
 

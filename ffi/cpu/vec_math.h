@@ -135,15 +135,63 @@ struct VecMathF {
     return x < 0.0f ? 2.0f - tail : (ax > 10.0f ? 0.0f : tail);
   }
 
-  // The standard normal CDF Phi(x) = erfc(-x / sqrt(2)) / 2 and density phi(x) =
-  // e^(-x^2 / 2) / sqrt(2 pi), sharing one exponential (gelu's derivative needs both).
-  static JAXDNN_VEC_INLINE void normal_cdf_pdf(float x, float* cdf, float* pdf) {
+  // e^z for z in [-87.3, 88.7] (and NaN): exp's reduction and polynomial with 2^n applied as one
+  // factor (|n| <= 126, a normal float) and no range checks, for callers that bound z themselves.
+  static JAXDNN_VEC_INLINE float exp_normal_range(float z) {
+    using namespace vec_math_detail;
+    constexpr float kLog2e = 1.44269504088896341f;
+    constexpr float kLn2Hi = 0.693359375f;
+    constexpr float kLn2Lo = -2.12194440e-4f;
+    constexpr float kMagic = 12582912.0f;
+    const float shifted = z * kLog2e + kMagic;
+    const float fn = shifted - kMagic;
+    const uint32_t n = float_to_bits(shifted) - float_to_bits(kMagic);
+    float r = z - fn * kLn2Hi;
+    r = r - fn * kLn2Lo;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return p * pow2i(n + 127u);
+  }
+
+  // e^z for z <= 88.7 (log-probabilities, say) with results below the smallest normal float
+  // (z < -87.3) flushed to 0: e^(-inf) = 0, NaN in, NaN out. Cheaper than exp (one scale factor,
+  // no overflow handling); z above 88.7 is clamped there (finite result), so callers bound z.
+  static JAXDNN_VEC_INLINE float exp_flush(float z) {
+    constexpr float kLo = -87.33654f;  // ln(2^-126)
+    constexpr float kHi = 88.7f;
+    const float zc = z < kLo ? kLo : (z > kHi ? kHi : z);  // keeps NaN
+    const float y = exp_normal_range(zc);
+    return z < kLo ? 0.0f : y;
+  }
+
+  // gelu's derivative Phi(x) + x phi(x), Phi(x) = erfc(-x / sqrt 2) / 2, phi(x) = e^(-x^2/2) /
+  // sqrt(2 pi). With a = |x| / sqrt 2 and e = e^(-a^2), both share e:
+  //   Phi(x) = [x > 0] -+ e R(t) / 2 (the erfcx fit, - for x > 0),  x phi(x) = e x / sqrt(2 pi),
+  // so f'(x) = [x > 0] + e (x / sqrt(2 pi) -+ R / 2). For a > 9.3 (|x| > 13.15) e would be
+  // subnormal and the e-term is below 1e-36: e is taken as 0 there (f' = [x > 0]), which keeps
+  // the exponential in its normal range. x = +-inf gives 0 * inf = NaN, as jax.nn's Phi + x phi.
+  static JAXDNN_VEC_INLINE float gelu_grad(float x) {
+    constexpr float kCut = 9.3f;
     const float ax = (x < 0.0f ? -x : x) * 0.70710678118654752f;
-    const float a = ax > 10.0f ? 10.0f : ax;  // keeps NaN
-    const float e = exp_neg_square(a);
-    const float half_tail = 0.5f * e * erfcx_fit(a);
-    *cdf = x > 0.0f ? 1.0f - half_tail : half_tail;
-    *pdf = ax > 10.0f ? 0.0f : 0.39894228040143268f * e;
+    const float a = ax > kCut ? kCut : ax;  // keeps NaN
+    const float a2 = a * a;
+#if defined(__FMA__)
+    const float a2_err = __builtin_fmaf(a, a, -a2);  // a * a = a2 + a2_err exactly
+#else
+    const float a2_err = 0.0f;
+#endif
+    float e = exp_normal_range(-a2);
+    e = e - e * a2_err;  // e^(-a2 - a2_err) to first order
+    e = ax > kCut ? 0.0f : e;
+    const float half_r = 0.5f * erfcx_fit(a);
+    const float step = x > 0.0f ? 1.0f : 0.0f;
+    return step + e * (x * 0.39894228040143268f + (x > 0.0f ? -half_r : half_r));
   }
 };
 
