@@ -58,19 +58,18 @@ JAXDNN_VEC_INLINE float pow2i(uint32_t n_plus_127) { return bits_to_float(n_plus
 }  // namespace vec_math_detail
 
 struct VecMathF {
-  static JAXDNN_VEC_INLINE float exp(float x) {
+  // Range reduction shared by the exps: z = n ln2 + r, |r| <= ln2 / 2; returns e^r (degree-7
+  // Taylor polynomial) and n. |z| must stay below ~2^22 so the magic-number rounding holds.
+  static JAXDNN_VEC_INLINE float exp_reduced(float z, int32_t& n) {
     using namespace vec_math_detail;
-    constexpr float kHi = 88.72283935546875f;    // above: overflow to +inf
-    constexpr float kLo = -103.97208404541016f;  // below: underflow to 0
     constexpr float kLog2e = 1.44269504088896341f;
     constexpr float kLn2Hi = 0.693359375f;        // 11 significant bits: n * kLn2Hi is exact
     constexpr float kLn2Lo = -2.12194440e-4f;
     constexpr float kMagic = 12582912.0f;         // 1.5 * 2^23
-    const float xc = x > kHi ? kHi : (x < kLo ? kLo : x);  // keeps NaN
-    const float shifted = xc * kLog2e + kMagic;
-    const float fn = shifted - kMagic;                        // round(x / ln2), as a float
-    const int32_t n = static_cast<int32_t>(float_to_bits(shifted) - float_to_bits(kMagic));
-    float r = xc - fn * kLn2Hi;
+    const float shifted = z * kLog2e + kMagic;
+    const float fn = shifted - kMagic;                        // round(z / ln2), as a float
+    n = static_cast<int32_t>(float_to_bits(shifted) - float_to_bits(kMagic));
+    float r = z - fn * kLn2Hi;
     r = r - fn * kLn2Lo;
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
@@ -80,6 +79,16 @@ struct VecMathF {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
+    return p;
+  }
+
+  static JAXDNN_VEC_INLINE float exp(float x) {
+    using namespace vec_math_detail;
+    constexpr float kHi = 88.72283935546875f;    // above: overflow to +inf
+    constexpr float kLo = -103.97208404541016f;  // below: underflow to 0
+    const float xc = x > kHi ? kHi : (x < kLo ? kLo : x);  // keeps NaN
+    int32_t n;
+    const float p = exp_reduced(xc, n);
     const int32_t n1 = n >> 1;  // arithmetic shift: floor(n / 2)
     const int32_t n2 = n - n1;
     const float y = p * pow2i(static_cast<uint32_t>(n1 + 127)) *
@@ -139,24 +148,9 @@ struct VecMathF {
   // factor (|n| <= 126, a normal float) and no range checks, for callers that bound z themselves.
   static JAXDNN_VEC_INLINE float exp_normal_range(float z) {
     using namespace vec_math_detail;
-    constexpr float kLog2e = 1.44269504088896341f;
-    constexpr float kLn2Hi = 0.693359375f;
-    constexpr float kLn2Lo = -2.12194440e-4f;
-    constexpr float kMagic = 12582912.0f;
-    const float shifted = z * kLog2e + kMagic;
-    const float fn = shifted - kMagic;
-    const uint32_t n = float_to_bits(shifted) - float_to_bits(kMagic);
-    float r = z - fn * kLn2Hi;
-    r = r - fn * kLn2Lo;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    return p * pow2i(n + 127u);
+    int32_t n;
+    const float p = exp_reduced(z, n);
+    return p * pow2i(static_cast<uint32_t>(n + 127));
   }
 
   // e^z for z <= 88.7 (log-probabilities, say) with results below the smallest normal float
