@@ -553,6 +553,19 @@ struct GemmArgs {
   bool accumulate;
 };
 
+// The GEMM block of CTA blockIdx.x: column block nb, row block mb, point xi, group g, split s,
+// and the split's reduction length klen.
+struct GemmBlock {
+  i64 nb, mb, xi, g, s;
+  int klen;
+};
+__device__ __forceinline__ GemmBlock gemm_block(const GemmArgs& p) {
+  const i64 blk = blockIdx.x, z = blk / (p.nblocks * p.mblocks);
+  const i64 s = z % p.S;
+  return {blk % p.nblocks, blk / p.nblocks % p.mblocks, z / (p.S * p.G), z / p.S % p.G, s,
+          static_cast<int>(std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split)))};
+}
+
 template <typename T>
 struct Vec16;
 template <>
@@ -690,14 +703,11 @@ __global__ void __launch_bounds__(kThreads, WINO_GEMM_MINB) gemm_kernel(GemmArgs
   const int tid = threadIdx.x;
   const int tx = WINO_GEMM_WARP ? (tid / 32 % 2) * 8 + tid % 8 : tid % 16;
   const int ty = WINO_GEMM_WARP ? (tid / 64) * 4 + tid % 32 / 8 : tid / 16;
-  const i64 blk = blockIdx.x;
-  const i64 nb = blk % p.nblocks, mb = blk / p.nblocks % p.mblocks;
-  const i64 z = blk / (p.nblocks * p.mblocks);
-  const i64 s = z % p.S, g = z / p.S % p.G, xi = z / (p.S * p.G);
+  const GemmBlock blk = gemm_block(p);
+  const i64 xi = blk.xi, g = blk.g, s = blk.s, m0 = blk.mb * BM, n0 = blk.nb * BN;
+  const int klen = blk.klen;
   const T* A = static_cast<const T*>(p.A) + xi * p.a_xi + g * p.a_g + s * p.a_s;
   const T* B = static_cast<const T*>(p.B) + xi * p.b_xi + g * p.b_g + s * p.b_s;
-  const i64 m0 = mb * BM, n0 = nb * BN;
-  const int klen = static_cast<int>(std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split)));
   const int nk = (klen + BK - 1) / BK;
 
   // Pair q = tid + i * kThreads. A k-major: k = q / (BM / 2V) (pair i: k + i * AKS); m-major:
@@ -1050,14 +1060,11 @@ __global__ void __launch_bounds__(kThreads, WIDE && kTcFlush ? 1 : WINO_TC_MINB)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int wm = (warp % 4) * WM, wn = (warp / 4) * WN;
-  const i64 blk = blockIdx.x;
-  const i64 nb = blk % p.nblocks, mb = blk / p.nblocks % p.mblocks;
-  const i64 z = blk / (p.nblocks * p.mblocks);
-  const i64 s = z % p.S, gr = z / p.S % p.G, xi = z / (p.S * p.G);
+  const GemmBlock blk = gemm_block(p);
+  const i64 xi = blk.xi, gr = blk.g, s = blk.s, m0 = blk.mb * BM, n0 = blk.nb * BN;
+  const int klen = blk.klen;
   const float* A = static_cast<const float*>(p.A) + xi * p.a_xi + gr * p.a_g + s * p.a_s;
   const float* B = static_cast<const float*>(p.B) + xi * p.b_xi + gr * p.b_g + s * p.b_s;
-  const i64 m0 = mb * BM, n0 = nb * BN;
-  const int klen = static_cast<int>(std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split)));
   const int nk = (klen + BK - 1) / BK;
 
   // Stage kt as 16-byte chunks, chunk q = tid + i * kThreads; k past klen and rows / columns past
