@@ -1436,6 +1436,285 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 // ---------------------------------------------------------------------------------------------
+// 3 x 3 windows at stride 2 (dilation 1, over the two inner dimensions; depth folds into the
+// images), 16-byte channel vectors: thread = (window quad, channel vector). Quad (c, c') is the
+// windows {c, c+1} x {c', c'+1}; their taps are the 5 x 5 inputs from (2c - pad, 2c' - pad),
+// which the thread streams row by row with the four windows' running states in registers:
+//   max / avg forward  quads at even (c, c'), so each window once: 25 loads for 4 outputs
+//                      (window_fwd: 36), each window's taps in window order;
+//   max backward       every quad: the four windows' arg-max (select_kernel's rule), then the
+//                      cell of 2 x 2 inputs (2c+1-pad+j, 2c'+1-pad+j'), j, j' in {0, 1}, whose
+//                      covering windows are exactly the quad's (input row 2c+1-pad+j is tap
+//                      1+j of window c and, for j = 1, tap 0 of window c+1) adds dy of the
+//                      windows that selected it in increasing tap order (the CPU's). One pass,
+//                      no workspace, no atomics; a window's arg-max is recomputed by each of
+//                      the (up to) four quads that contain it, from loads that hit in cache;
+//   avg backward       every quad: the cell adds dy * (1 / divisor) of its covering windows in
+//                      the same order (no input loads).
+// Windows outside the output (quads at the edges) take no part.
+struct Quads {
+  FastDiv fqh, fqw;  // quads down and across
+  int qh0, qw0;      // the first quad's first window (c, c')
+  int step;          // between quads: 2 forward, 1 backward
+};
+
+enum class QuadOp { kMaxFwd, kAvgFwd, kMaxBwd, kAvgBwd };
+
+// Quiet NaN in both halves of a word.
+template <typename T> constexpr uint32_t nan2() {
+  return std::is_same_v<T, __half> ? 0x7e007e00u : 0x7fc07fc0u;
+}
+
+// 0xffff in the halves of a word where a >= b (16-bit pairs; false when either is NaN).
+template <typename T>
+__device__ __forceinline__ uint32_t ge_mask(uint32_t a, uint32_t b) {
+#ifdef JAXDNN_POOL_EMULATION
+  uint32_t r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const unsigned short ha = static_cast<unsigned short>(a >> (16 * h));
+    const unsigned short hb = static_cast<unsigned short>(b >> (16 * h));
+    T ea, eb;
+    memcpy(&ea, &ha, 2);
+    memcpy(&eb, &hb, 2);
+    if (to_acc(ea) >= to_acc(eb)) r |= 0xffffu << (16 * h);
+  }
+  return r;
+#else
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  T2 x, y;
+  memcpy(&x, &a, 4);
+  memcpy(&y, &b, 4);
+  return __hge2_mask(x, y);
+#endif
+}
+
+// The running state of one window: the max or sum of its in-bounds taps (forward), or the
+// selection (kSelect: value and tap; a later tap v replaces the selection s unless s >= v, a
+// padding tap replaces only a NaN selection, with -inf and no tap). 16-bit max works on pairs
+// in 32-bit words, the taps in the matching halves.
+template <typename T, int V, bool kMax, bool kSelect, bool kPacked = kMax && sizeof(T) == 2>
+struct WindowState;
+
+template <typename T, int V, bool kSelect>
+struct WindowState<T, V, true, kSelect, true> {
+  static constexpr int kW = sizeof(T) * V / 4;
+  uint32_t m[kW], k[kSelect ? kW : 1];
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      m[i] = kSelect ? nan2<T>() : neg_inf2<T>();
+      if (kSelect) k[i] = 0xffffffffu;
+    }
+  }
+  __device__ __forceinline__ void add(const typename Vec<T, V>::R& r, int tap) {
+    uint32_t v[kW];
+    memcpy(v, &r, sizeof(v));
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      if constexpr (kSelect) {
+        const uint32_t keep = ge_mask<T>(m[i], v[i]);
+        m[i] = (m[i] & keep) | (v[i] & ~keep);
+        k[i] = (k[i] & keep) | ((static_cast<uint32_t>(tap) * 0x10001u) & ~keep);
+      } else {
+        m[i] = max2<T>(m[i], v[i]);
+      }
+    }
+  }
+  __device__ __forceinline__ void padding() {
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const uint32_t keep = ge_mask<T>(m[i], neg_inf2<T>());  // not NaN
+      m[i] = (m[i] & keep) | (neg_inf2<T>() & ~keep);
+      k[i] |= ~keep;
+    }
+  }
+  __device__ __forceinline__ int tap(int e) const { return (k[e / 2] >> (16 * (e % 2))) & 0xffff; }
+};
+
+template <typename T, int V, bool kMax, bool kSelect>
+struct WindowState<T, V, kMax, kSelect, false> {
+  using A = typename AccOf<T>::type;
+  A m[V];
+  int k[kSelect ? V : 1];
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      m[e] = kSelect ? quiet_nan<A>() : (kMax ? neg_inf<A>() : A(0));
+      if (kSelect) k[e] = -1;
+    }
+  }
+  __device__ __forceinline__ void add(const typename Vec<T, V>::R& r, int tap) {
+    A v[V];
+    Vec<T, V>::unpack(r, v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      if constexpr (kSelect) {
+        const bool take = !(m[e] >= v[e]);
+        m[e] = take ? v[e] : m[e];
+        k[e] = take ? tap : k[e];
+      } else {
+        m[e] = kMax ? max_step(m[e], v[e]) : m[e] + v[e];
+      }
+    }
+  }
+  __device__ __forceinline__ void padding() {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const bool take = m[e] != m[e];
+      m[e] = take ? neg_inf<A>() : m[e];
+      k[e] = take ? -1 : k[e];
+    }
+  }
+  __device__ __forceinline__ int tap(int e) const { return k[e]; }
+};
+
+// avg_divisor of output (d, h, w).
+__device__ __forceinline__ int quad_divisor(const Geo& g, int d, int h, int w) {
+  if (g.uniform_div) return g.uniform_div;
+  return divisor_factor(g, 0, d) * divisor_factor(g, 1, h) * divisor_factor(g, 2, w);
+}
+
+template <typename T, int V, QuadOp kOp, typename I>
+__global__ void __launch_bounds__(kBlock)
+    quad_kernel(Geo g, Quads qd, const T* __restrict__ x, const T* __restrict__ dy,
+                T* __restrict__ out, I items) {
+  using A = typename AccOf<T>::type;
+  using VT = Vec<T, V>;
+  using R = typename VT::R;
+  constexpr bool kFwd = kOp == QuadOp::kMaxFwd || kOp == QuadOp::kAvgFwd;
+  constexpr bool kMax = kOp == QuadOp::kMaxFwd || kOp == QuadOp::kMaxBwd;
+  constexpr bool kLoadsX = kOp != QuadOp::kAvgBwd;
+  const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
+  if (t >= items) return;
+  int cv, q[3];
+  i64 n;
+  split_item(t, g.fcv, qd.fqw, qd.fqh, g.fin[0], &cv, q, &n);
+  const int c0 = qd.qh0 + q[1] * qd.step, c1 = qd.qw0 + q[2] * qd.step;
+  const i64 img = n * g.in[0] + q[0], C = g.C;
+  bool vh[2], vw[2];  // windows (c0 + a, c1 + b) inside the output
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+    vh[a] = c0 + a >= 0 && c0 + a < g.out[1];
+    vw[a] = c1 + a >= 0 && c1 + a < g.out[2];
+  }
+  const int r0 = 2 * c0 - g.pad[1], s0 = 2 * c1 - g.pad[2];  // tap (0, 0) of window (c0, c1)
+  auto y_off = [&](int a, int b) {
+    return ((img * g.out[1] + c0 + a) * g.out[2] + c1 + b) * C + static_cast<i64>(cv) * V;
+  };
+  R d[2][2];
+  if constexpr (!kFwd) {
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+        if (vh[a] && vw[b]) d[a][b] = VT::load(dy + y_off(a, b));
+  }
+  WindowState<T, V, kMax, !kFwd> st[2][2];
+  if constexpr (kLoadsX) {
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) st[a][b].init();
+    bool scol[5];  // columns some window reads
+#pragma unroll
+    for (int s = 0; s < 5; ++s) scol[s] = (s <= 2 && vw[0]) || (s >= 2 && vw[1]);
+#pragma unroll
+    for (int r = 0; r < 5; ++r) {
+      if (!((r <= 2 && vh[0]) || (r >= 2 && vh[1]))) continue;
+      const int ir = r0 + r;
+      const bool rin = ir >= 0 && ir < g.in[1];
+      if (kFwd && !rin) continue;  // the forward skips out-of-bounds taps
+      const T* row = x + (img * g.in[1] + ir) * g.in[2] * C + static_cast<i64>(cv) * V;
+      R v[5];
+      bool in[5];
+#pragma unroll
+      for (int s = 0; s < 5; ++s) {
+        in[s] = rin && s0 + s >= 0 && s0 + s < g.in[2];
+        if (in[s] && scol[s]) v[s] = VT::load(row + static_cast<i64>(s0 + s) * C);
+      }
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+        const int kb = r - 2 * a;
+        if (kb < 0 || kb > 2 || !vh[a]) continue;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          if (!vw[b]) continue;
+#pragma unroll
+          for (int kc = 0; kc < 3; ++kc) {
+            const int s = 2 * b + kc;
+            if (in[s]) st[a][b].add(v[s], kb * 3 + kc);
+            else if constexpr (!kFwd) st[a][b].padding();
+          }
+        }
+      }
+    }
+  }
+  if constexpr (kFwd) {
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        if (!vh[a] || !vw[b]) continue;
+        if constexpr (kMax && sizeof(T) == 2) {
+          R r;
+          memcpy(&r, st[a][b].m, sizeof(R));
+          *reinterpret_cast<R*>(out + y_off(a, b)) = r;
+        } else {
+          A acc[V];
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[e] = st[a][b].m[e];
+          if (!kMax) {
+            // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
+            const A divisor = static_cast<A>(quad_divisor(g, q[0], c0 + a, c1 + b));
+#pragma unroll
+            for (int e = 0; e < V; ++e) acc[e] = acc[e] / divisor;
+          }
+          VT::store(out + y_off(a, b), acc);
+        }
+      }
+  } else {
+    // The cell: input (r0 + 1 + j, s0 + 1 + j') is tap (1 + j - 2a, 1 + j' - 2b) of window
+    // (c0 + a, c1 + b); increasing tap order is a, then b, descending.
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int ih = r0 + 1 + j;
+      if (ih < 0 || ih >= g.in[1]) continue;
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int iw = s0 + 1 + jj;
+        if (iw < 0 || iw >= g.in[2]) continue;
+        const int count = ((j == 1 && vh[1]) + vh[0]) * ((jj == 1 && vw[1]) + vw[0]);
+        A acc[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = A(0);
+#pragma unroll
+        for (int a = 1; a >= 0; --a) {
+          if ((a == 1 && j == 0) || !vh[a]) continue;
+#pragma unroll
+          for (int b = 1; b >= 0; --b) {
+            if ((b == 1 && jj == 0) || !vw[b]) continue;
+            A dv[V];
+            VT::unpack(d[a][b], dv);
+            if constexpr (kMax) {
+              const int k = (1 + j - 2 * a) * 3 + 1 + jj - 2 * b;
+#pragma unroll
+              for (int e = 0; e < V; ++e) acc[e] = st[a][b].tap(e) == k ? acc[e] + dv[e] : acc[e];
+            } else {
+              const A inv = A(1) / static_cast<A>(quad_divisor(g, q[0], c0 + a, c1 + b));
+#pragma unroll
+              for (int e = 0; e < V; ++e)
+                acc[e] = count == 1 ? dv[e] * inv : fma_acc(dv[e], inv, acc[e]);
+            }
+          }
+        }
+        VT::store(out + ((img * g.in[1] + ih) * g.in[2] + iw) * C + static_cast<i64>(cv) * V,
+                  acc);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Host side.
 
 std::string launched(const char* what) {
@@ -1502,6 +1781,15 @@ int split_override() {
   return value;
 }
 
+// JAXDNN_POOL_QUAD=0 (read once) turns quad_kernel off (checks of the general kernels).
+bool quads_off() {
+  static const bool value = [] {
+    const char* v = std::getenv("JAXDNN_POOL_QUAD");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  return value;
+}
+
 // JAXDNN_POOL_CHAN: unset: the channel tiles where they apply; "0": never (the older kernels);
 // "TH,TW,CB": those tile sizes (outputs down, across, channel vectors; for sweeps).
 struct ChanOverride {
@@ -1544,6 +1832,17 @@ struct Launcher {
     }
     const bool lanes = one_channel && S > 1;
     if constexpr (sizeof(T) * V == 16) {
+      Quads qd;
+      if (S == 1 && quads(false, &qd)) {
+        const i64 n = quad_items(qd);
+        if (is_max) quad_kernel<T, V, QuadOp::kMaxFwd, I><<<blocks_for(n, kBlock), kBlock, 0,
+                                                            stream>>>(g, qd, x, nullptr, y,
+                                                                      static_cast<I>(n));
+        else quad_kernel<T, V, QuadOp::kAvgFwd, I><<<blocks_for(n, kBlock), kBlock, 0,
+                                                     stream>>>(g, qd, x, nullptr, y,
+                                                               static_cast<I>(n));
+        return launched(is_max ? "max pool forward (quads)" : "avg pool forward (quads)");
+      }
       ChanTile ct;
       if (S == 1 && !is_max && cells_2x2()) {
         cell_avg_kernel<T, V, true, 2, 2, I><<<blocks_for(items, kBlock * kItems), kBlock, 0,
@@ -1670,6 +1969,36 @@ struct Launcher {
     return true;
   }
 
+  // 3 x 3 windows at stride 2, dilation 1, over the two inner dimensions (depth folds), 16-byte
+  // vectors: the quads of quad_kernel. Forward: quads at even windows; backward: the quads
+  // whose cells (input rows 2c + 1 - pad + {0, 1}) cover the input, c from
+  // floor((pad - 1) / 2) to floor((in - 2 + pad) / 2).
+  bool quads(bool backward, Quads* qd) const {
+    if (sizeof(T) * V != 16 || quads_off()) return false;
+    if (p.window[0] != 1 || p.stride[0] != 1 || p.dilation[0] != 1 || p.pad_lo[0] != 0 ||
+        p.out[0] != p.in[0])
+      return false;
+    i64 first[2], count[2];
+    for (int d = 1; d < 3; ++d) {
+      if (p.window[d] != 3 || p.stride[d] != 2 || p.dilation[d] != 1) return false;
+      if (p.pad_lo[d] < -2 || p.pad_lo[d] > 2 || p.in[d] < 1) return false;
+      const auto floor2 = [](i64 v) { return v >= 0 ? v / 2 : -((1 - v) / 2); };
+      first[d - 1] = backward ? floor2(p.pad_lo[d] - 1) : 0;
+      count[d - 1] = backward ? floor2(p.in[d] - 2 + p.pad_lo[d]) - first[d - 1] + 1
+                              : (p.out[d] + 1) / 2;
+      if (count[d - 1] < 1) return false;
+    }
+    qd->fqh = FastDiv(count[0]);
+    qd->fqw = FastDiv(count[1]);
+    qd->qh0 = static_cast<int>(first[0]);
+    qd->qw0 = static_cast<int>(first[1]);
+    qd->step = backward ? 1 : 2;
+    return true;
+  }
+  i64 quad_items(const Quads& qd) const {
+    return p.N * p.in[0] * static_cast<i64>(qd.fqh.d) * qd.fqw.d * (p.C / V);
+  }
+
   // The tiles of the plane kernels: one-channel images, a window over the two innermost
   // dimensions only, at least 8 x 16 pixels on the tiled side (outputs, or inputs when
   // `backward`) and the staged region within 32 KB (arg-max entries of `arg_bytes` each too).
@@ -1734,6 +2063,13 @@ struct Launcher {
     using A = typename AccOf<T>::type;
     if constexpr (sizeof(T) * V == 16) {
       // One pass, no workspace.
+      Quads qd;
+      if (p.x_elems() > 0 && quads(true, &qd)) {
+        const i64 n = quad_items(qd);
+        quad_kernel<T, V, QuadOp::kMaxBwd, I><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
+            g, qd, x, dy, dx, static_cast<I>(n));
+        return launched("max pool backward (quads)");
+      }
       ChanTile ct;
       if (p.x_elems() > 0 && chan_tile(true, &ct)) {
         chan_tile_kernel<T, V, true, true><<<chan_blocks(ct), kBlock, chan_smem(ct, true),
@@ -1783,6 +2119,13 @@ struct Launcher {
       return launched("avg pool backward (tiles)");
     }
     if constexpr (sizeof(T) * V == 16) {
+      Quads qd;
+      if (quads(true, &qd)) {
+        const i64 n = quad_items(qd);
+        quad_kernel<T, V, QuadOp::kAvgBwd, I><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
+            g, qd, nullptr, dy, dx, static_cast<I>(n));
+        return launched("avg pool backward (quads)");
+      }
       if (cells_2x2()) {
         const i64 out_items = p.y_elems() / V;
         if (out_items == 0) return "";

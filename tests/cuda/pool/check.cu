@@ -219,6 +219,15 @@ std::vector<Spec> specs() {
   add({"cells-2x2s2-odd-ceil-c16", 2, 2, 16, {9, 7}, {2, 2}, {2, 2}, {}, {1, 0}, {0, 0}, false,
        true});
   add({"cells-2x2s2-3d-c8", 3, 1, 8, {2, 6, 10}, {1, 2, 2}, {1, 2, 2}});
+  // Quads (quad_kernel: 3x3 stride 2, 16-byte vectors): every padding from -1 to 2, odd and
+  // even extents, inputs that no window covers (VALID), a single window, ceil_mode, depth.
+  add({"q-3x3s2-valid-c16", 2, 2, 16, {9, 10}, {3, 3}, {2, 2}});
+  add({"q-3x3s2-same-c8", 2, 2, 8, {8, 11}, {3, 3}, {2, 2}, {}, {0, 0}, {1, 1}});
+  add({"q-3x3s2p2-excl-c8", 2, 1, 8, {7, 6}, {3, 3}, {2, 2}, {}, {2, 2}, {2, 2}, false});
+  add({"q-3x3s2-negpad-c16", 2, 1, 16, {11, 12}, {3, 3}, {2, 2}, {}, {-1, 0}, {0, -1}});
+  add({"q-3x3s2p1-tiny-c8", 2, 3, 8, {1, 2}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}, false});
+  add({"q-3x3s2p1-ceil-c32", 2, 2, 32, {12, 13}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}, true, true});
+  add({"q-3d-1x3x3s2-c8", 3, 2, 8, {2, 9, 8}, {1, 3, 3}, {1, 2, 2}, {}, {0, 1, 0}, {0, 1, 1}});
   // One-channel images large enough for the tiled forward (partial tiles, 1-4 rows a thread).
   add({"c1-tiles-3x3s2p1", 2, 3, 1, {40, 37}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}});
   add({"c1-tiles-2x2s2", 2, 2, 1, {34, 66}, {2, 2}, {2, 2}});

@@ -2,7 +2,8 @@
 # Runs on the GPU machine from anywhere: bash tests/cuda/pool/run.sh [OUTDIR]   (about 2 min)
 # Builds the standalone pooling check with nvcc, checks every pooling kernel against the host
 # reference (full set) with the forward's heuristic, plain (JAXDNN_POOL_SPLIT=0) and split
-# (=1) kernels, tiny channel tiles (JAXDNN_POOL_CHAN=2,3,1) and none (=0), runs memcheck and
+# (=1) kernels, tiny channel tiles (JAXDNN_POOL_CHAN=2,3,1) and none (=0) with the quads off
+# (JAXDNN_POOL_QUAD=0, so that 3x3 stride-2 specs reach the other kernels), runs memcheck and
 # racecheck on the quick set, then the ResNet-50 timing table (bf16 NHWC N=32, target >= 3000
 # GB/s; a cudaMemcpy row gives the device's copy bandwidth), and again with the channel tiles
 # off.
@@ -27,7 +28,7 @@ for split in heuristic 0 1 chan2,3,1 chan0; do
   if [ "$split" = heuristic ]; then
     env -u JAXDNN_POOL_SPLIT -u JAXDNN_POOL_CHAN timeout 300 $BIN full > "$O/check_$split.txt" 2>&1 || rc=1
   elif [ "${split#chan}" != "$split" ]; then  # channel tiles forced tiny / off
-    JAXDNN_POOL_CHAN=${split#chan} env -u JAXDNN_POOL_SPLIT timeout 300 $BIN full \
+    JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=${split#chan} env -u JAXDNN_POOL_SPLIT timeout 300 $BIN full \
       > "$O/check_$split.txt" 2>&1 || rc=1
   else
     JAXDNN_POOL_SPLIT=$split env -u JAXDNN_POOL_CHAN timeout 300 $BIN full > "$O/check_$split.txt" 2>&1 || rc=1
@@ -48,14 +49,14 @@ env -u JAXDNN_POOL_SPLIT timeout 240 compute-sanitizer --tool racecheck --error-
   --only c1-tiles > "$O/racecheck_tiles.txt" 2>&1 || rc=1
 echo "racecheck (tiled one-channel forward): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck_tiles.txt" | tail -1) ($((SECONDS - t1)) s)"
 t1=$SECONDS
-JAXDNN_POOL_CHAN=2,3,1 env -u JAXDNN_POOL_SPLIT timeout 240 compute-sanitizer --tool racecheck \
+JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=2,3,1 env -u JAXDNN_POOL_SPLIT timeout 240 compute-sanitizer --tool racecheck \
   --error-exitcode 9 $BIN quick --only ct- > "$O/racecheck_chan.txt" 2>&1 || rc=1
 echo "racecheck (channel tiles): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck_chan.txt" | tail -1) ($((SECONDS - t1)) s)"
 echo "---- timings (median of 7 x 20 launches; GB/s counts bytes read + written)"
 timeout 120 $BIN --no-check bench --csv "$O/bench.csv" | grep "^BENCH" | tee "$O/bench.txt"
-# The older kernels on the same cases (channel tiles off), for A/B.
-echo "---- timings with JAXDNN_POOL_CHAN=0"
-JAXDNN_POOL_CHAN=0 timeout 120 $BIN --no-check bench --csv "$O/bench_chan0.csv" | grep "^BENCH" \
+# The older kernels on the same cases (quads and channel tiles off), for A/B.
+echo "---- timings with JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=0"
+JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=0 timeout 120 $BIN --no-check bench --csv "$O/bench_chan0.csv" | grep "^BENCH" \
   | sed 's/^BENCH/CHAN0/' | tee "$O/bench_chan0.txt"
 # A/B: JAXDNN_POOL_BASELINE=path/to/other/pool_cuda.cu times that kernel file with this checker.
 if [ -n "${JAXDNN_POOL_BASELINE:-}" ]; then
