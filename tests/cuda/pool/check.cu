@@ -741,11 +741,16 @@ void bench(const char* csv_path) {
         std::string e = cuda::run_pool(r.kind, p, t, r.a, r.b, r.out, ws.ptr, ws.bytes, stream);
         if (!e.empty()) { std::printf("bench error: %s\n", e.c_str()); std::exit(2); }
       };
-      for (int i = 0; i < 3; ++i) launch();
+      // POOL_BENCH_REPS=1 POOL_BENCH_TRIALS=1 POOL_BENCH_WARMUP=0: one launch per op (profilers).
+      static const auto env_int = [](const char* name, int fallback) {
+        const char* v = std::getenv(name);
+        return v != nullptr && *v != 0 ? std::atoi(v) : fallback;
+      };
+      for (int i = 0; i < env_int("POOL_BENCH_WARMUP", 3); ++i) launch();
       CK(cudaStreamSynchronize(stream));
-      const int reps = 20;
+      const int reps = env_int("POOL_BENCH_REPS", 20), trials = env_int("POOL_BENCH_TRIALS", 7);
       std::vector<float> ms;
-      for (int trial = 0; trial < 7; ++trial) {
+      for (int trial = 0; trial < trials; ++trial) {
         CK(cudaEventRecord(e0, stream));
         for (int i = 0; i < reps; ++i) launch();
         CK(cudaEventRecord(e1, stream));
