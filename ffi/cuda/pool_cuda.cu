@@ -35,6 +35,12 @@
 //                of windows that cover its first inputs, selects every staged window's arg-max
 //                (one byte per element, shared memory), and each input of the tile gathers dy
 //                from the covering windows that selected it. No workspace, no atomics.
+//   quad         3x3 windows at stride 2 (the CNN stem's pooling), any vector width: thread =
+//                four windows (2 x 2) x a channel vector, their 5 x 5 taps streamed row by
+//                row: max / avg forward of disjoint quads (25 loads for 4 outputs); max
+//                backward in two passes (each window's arg-max tap into the workspace, then
+//                each 2 x 2 input cell gathers dy from the 4 windows that cover it); avg
+//                backward per cell (no input loads).
 //   cell_avg     avg forward / backward when 2x2 windows partition the input (2x2 stride 2,
 //                padding only inside edge windows), 16-byte vectors: thread = output, 4 per
 //                thread, straight-line (the backward writes each input once from its window).
@@ -1437,18 +1443,21 @@ __global__ void __launch_bounds__(kBlock)
 
 // ---------------------------------------------------------------------------------------------
 // 3 x 3 windows at stride 2 (dilation 1, over the two inner dimensions; depth folds into the
-// images), 16-byte channel vectors: thread = (window quad, channel vector). Quad (c, c') is the
+// images), channel vectors of V elements (V = 1: lanes run along channels, or along the width
+// of one-channel images): thread = (window quad, channel vector). Quad (c, c') is the
 // windows {c, c+1} x {c', c'+1}; their taps are the 5 x 5 inputs from (2c - pad, 2c' - pad),
 // which the thread streams row by row with the four windows' running states in registers:
 //   max / avg forward  quads at even (c, c'), so each window once: 25 loads for 4 outputs
 //                      (window_fwd: 36), each window's taps in window order;
-//   max backward       every quad: the four windows' arg-max (select_kernel's rule), then the
-//                      cell of 2 x 2 inputs (2c+1-pad+j, 2c'+1-pad+j'), j, j' in {0, 1}, whose
-//                      covering windows are exactly the quad's (input row 2c+1-pad+j is tap
-//                      1+j of window c and, for j = 1, tap 0 of window c+1) adds dy of the
-//                      windows that selected it in increasing tap order (the CPU's). One pass,
-//                      no workspace, no atomics; a window's arg-max is recomputed by each of
-//                      the (up to) four quads that contain it, from loads that hit in cache;
+//   max backward       two passes. The arg-max taps of every window (select_kernel's rule,
+//                      quads as in the forward) go to the workspace, one byte per element.
+//                      Then every quad's cell of 2 x 2 inputs (2c+1-pad+j, 2c'+1-pad+j'),
+//                      j, j' in {0, 1}, whose covering windows are exactly the quad's (input
+//                      row 2c+1-pad+j is tap 1+j of window c and, for j = 1, tap 0 of window
+//                      c+1), adds dy of the windows that selected it in increasing tap order
+//                      (the CPU's). No atomics. (A one-pass variant that recomputed each
+//                      window's arg-max in the 4 cells that need it was issue-bound: 83 us on
+//                      the bf16 ResNet-50 stem, 1.39 TB/s.)
 //   avg backward       every quad: the cell adds dy * (1 / divisor) of its covering windows in
 //                      the same order (no input loads).
 // Windows outside the output (quads at the edges) take no part.
@@ -1458,7 +1467,7 @@ struct Quads {
   int step;          // between quads: 2 forward, 1 backward
 };
 
-enum class QuadOp { kMaxFwd, kAvgFwd, kMaxBwd, kAvgBwd };
+enum class QuadOp { kMaxFwd, kAvgFwd, kMaxSelect, kMaxScatter, kAvgBwd };
 
 // Quiet NaN in both halves of a word.
 template <typename T> constexpr uint32_t nan2() {
@@ -1492,7 +1501,7 @@ __device__ __forceinline__ uint32_t ge_mask(uint32_t a, uint32_t b) {
 // selection (kSelect: value and tap; a later tap v replaces the selection s unless s >= v, a
 // padding tap replaces only a NaN selection, with -inf and no tap). 16-bit max works on pairs
 // in 32-bit words, the taps in the matching halves.
-template <typename T, int V, bool kMax, bool kSelect, bool kPacked = kMax && sizeof(T) == 2>
+template <typename T, int V, bool kMax, bool kSelect, bool kPacked = kMax && kPackedMax<T, V>>
 struct WindowState;
 
 template <typename T, int V, bool kSelect>
@@ -1577,13 +1586,14 @@ __device__ __forceinline__ int quad_divisor(const Geo& g, int d, int h, int w) {
 template <typename T, int V, QuadOp kOp, typename I>
 __global__ void __launch_bounds__(kBlock)
     quad_kernel(Geo g, Quads qd, const T* __restrict__ x, const T* __restrict__ dy,
-                T* __restrict__ out, I items) {
+                T* __restrict__ out, uint8_t* __restrict__ arg, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
   using R = typename VT::R;
-  constexpr bool kFwd = kOp == QuadOp::kMaxFwd || kOp == QuadOp::kAvgFwd;
-  constexpr bool kMax = kOp == QuadOp::kMaxFwd || kOp == QuadOp::kMaxBwd;
-  constexpr bool kLoadsX = kOp != QuadOp::kAvgBwd;
+  using AV = ArgVec<uint8_t, V>;
+  constexpr bool kMax = kOp != QuadOp::kAvgFwd && kOp != QuadOp::kAvgBwd;
+  constexpr bool kSelect = kOp == QuadOp::kMaxSelect;
+  constexpr bool kCells = kOp == QuadOp::kMaxScatter || kOp == QuadOp::kAvgBwd;
   const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
   if (t >= items) return;
   int cv, q[3];
@@ -1601,16 +1611,9 @@ __global__ void __launch_bounds__(kBlock)
   auto y_off = [&](int a, int b) {
     return ((img * g.out[1] + c0 + a) * g.out[2] + c1 + b) * C + static_cast<i64>(cv) * V;
   };
-  R d[2][2];
-  if constexpr (!kFwd) {
-#pragma unroll
-    for (int a = 0; a < 2; ++a)
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-        if (vh[a] && vw[b]) d[a][b] = VT::load(dy + y_off(a, b));
-  }
-  WindowState<T, V, kMax, !kFwd> st[2][2];
-  if constexpr (kLoadsX) {
+  if constexpr (!kCells) {
+    // The windows: their taps row by row, in window order.
+    WindowState<T, V, kMax, kSelect> st[2][2];
 #pragma unroll
     for (int a = 0; a < 2; ++a)
 #pragma unroll
@@ -1623,7 +1626,7 @@ __global__ void __launch_bounds__(kBlock)
       if (!((r <= 2 && vh[0]) || (r >= 2 && vh[1]))) continue;
       const int ir = r0 + r;
       const bool rin = ir >= 0 && ir < g.in[1];
-      if (kFwd && !rin) continue;  // the forward skips out-of-bounds taps
+      if (!kSelect && !rin) continue;  // the forward skips out-of-bounds taps
       const T* row = x + (img * g.in[1] + ir) * g.in[2] * C + static_cast<i64>(cv) * V;
       R v[5];
       bool in[5];
@@ -1643,19 +1646,22 @@ __global__ void __launch_bounds__(kBlock)
           for (int kc = 0; kc < 3; ++kc) {
             const int s = 2 * b + kc;
             if (in[s]) st[a][b].add(v[s], kb * 3 + kc);
-            else if constexpr (!kFwd) st[a][b].padding();
+            else if constexpr (kSelect) st[a][b].padding();
           }
         }
       }
     }
-  }
-  if constexpr (kFwd) {
 #pragma unroll
     for (int a = 0; a < 2; ++a)
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         if (!vh[a] || !vw[b]) continue;
-        if constexpr (kMax && sizeof(T) == 2) {
+        if constexpr (kSelect) {
+          int taps[V];
+#pragma unroll
+          for (int e = 0; e < V; ++e) taps[e] = st[a][b].tap(e);
+          AV::store(arg + y_off(a, b), taps);
+        } else if constexpr (kMax && kPackedMax<T, V>) {
           R r;
           memcpy(&r, st[a][b].m, sizeof(R));
           *reinterpret_cast<R*>(out + y_off(a, b)) = r;
@@ -1673,8 +1679,23 @@ __global__ void __launch_bounds__(kBlock)
         }
       }
   } else {
-    // The cell: input (r0 + 1 + j, s0 + 1 + j') is tap (1 + j - 2a, 1 + j' - 2b) of window
-    // (c0 + a, c1 + b); increasing tap order is a, then b, descending.
+    // The cell: dy (and arg-max taps, or 1 / divisor) of the quad's windows, then input
+    // (r0 + 1 + j, s0 + 1 + j'), tap (1 + j - 2a, 1 + j' - 2b) of window (c0 + a, c1 + b),
+    // adds their terms in increasing tap order: a, then b, descending.
+    R d[2][2];
+    uint32_t taps[2][2][kMax ? AV::kAllWords : 1];
+    A inv[2][2];
+    const A uniform_inv = kMax || !g.uniform_div ? A(0) : A(1) / static_cast<A>(g.uniform_div);
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        if (!vh[a] || !vw[b]) continue;
+        d[a][b] = VT::load(dy + y_off(a, b));
+        if constexpr (kMax) AV::load_words(arg + y_off(a, b), taps[a][b]);
+        else inv[a][b] = g.uniform_div ? uniform_inv
+                                       : A(1) / static_cast<A>(quad_divisor(g, q[0], c0 + a, c1 + b));
+      }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int ih = r0 + 1 + j;
@@ -1698,12 +1719,12 @@ __global__ void __launch_bounds__(kBlock)
             if constexpr (kMax) {
               const int k = (1 + j - 2 * a) * 3 + 1 + jj - 2 * b;
 #pragma unroll
-              for (int e = 0; e < V; ++e) acc[e] = st[a][b].tap(e) == k ? acc[e] + dv[e] : acc[e];
+              for (int e = 0; e < V; ++e)
+                acc[e] = AV::tap(taps[a][b], e) == k ? acc[e] + dv[e] : acc[e];
             } else {
-              const A inv = A(1) / static_cast<A>(quad_divisor(g, q[0], c0 + a, c1 + b));
 #pragma unroll
               for (int e = 0; e < V; ++e)
-                acc[e] = count == 1 ? dv[e] * inv : fma_acc(dv[e], inv, acc[e]);
+                acc[e] = count == 1 ? dv[e] * inv[a][b] : fma_acc(dv[e], inv[a][b], acc[e]);
             }
           }
         }
@@ -1831,18 +1852,17 @@ struct Launcher {
       while (S < 32 && (taps + S - 1) / S > kBatch && items * S < 2 * kFillThreads) S *= 2;
     }
     const bool lanes = one_channel && S > 1;
+    Quads qd;
+    if (S == 1 && quads(false, &qd)) {
+      const i64 n = quad_items(qd);
+      if (is_max) quad_kernel<T, V, QuadOp::kMaxFwd, I><<<blocks_for(n, kBlock), kBlock, 0,
+                                                          stream>>>(g, qd, x, nullptr, y, nullptr,
+                                                                    static_cast<I>(n));
+      else quad_kernel<T, V, QuadOp::kAvgFwd, I><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
+          g, qd, x, nullptr, y, nullptr, static_cast<I>(n));
+      return launched(is_max ? "max pool forward (quads)" : "avg pool forward (quads)");
+    }
     if constexpr (sizeof(T) * V == 16) {
-      Quads qd;
-      if (S == 1 && quads(false, &qd)) {
-        const i64 n = quad_items(qd);
-        if (is_max) quad_kernel<T, V, QuadOp::kMaxFwd, I><<<blocks_for(n, kBlock), kBlock, 0,
-                                                            stream>>>(g, qd, x, nullptr, y,
-                                                                      static_cast<I>(n));
-        else quad_kernel<T, V, QuadOp::kAvgFwd, I><<<blocks_for(n, kBlock), kBlock, 0,
-                                                     stream>>>(g, qd, x, nullptr, y,
-                                                               static_cast<I>(n));
-        return launched(is_max ? "max pool forward (quads)" : "avg pool forward (quads)");
-      }
       ChanTile ct;
       if (S == 1 && !is_max && cells_2x2()) {
         cell_avg_kernel<T, V, true, 2, 2, I><<<blocks_for(items, kBlock * kItems), kBlock, 0,
@@ -1969,12 +1989,12 @@ struct Launcher {
     return true;
   }
 
-  // 3 x 3 windows at stride 2, dilation 1, over the two inner dimensions (depth folds), 16-byte
-  // vectors: the quads of quad_kernel. Forward: quads at even windows; backward: the quads
+  // 3 x 3 windows at stride 2, dilation 1, over the two inner dimensions (depth folds): the
+  // quads of quad_kernel. Forward: quads at even windows; backward: the quads
   // whose cells (input rows 2c + 1 - pad + {0, 1}) cover the input, c from
   // floor((pad - 1) / 2) to floor((in - 2 + pad) / 2).
   bool quads(bool backward, Quads* qd) const {
-    if (sizeof(T) * V != 16 || quads_off()) return false;
+    if (quads_off()) return false;
     if (p.window[0] != 1 || p.stride[0] != 1 || p.dilation[0] != 1 || p.pad_lo[0] != 0 ||
         p.out[0] != p.in[0])
       return false;
@@ -2061,15 +2081,22 @@ struct Launcher {
   template <typename G>
   std::string scatter(const T* x, const T* dy, T* dx, G* arg) const {
     using A = typename AccOf<T>::type;
-    if constexpr (sizeof(T) * V == 16) {
-      // One pass, no workspace.
-      Quads qd;
-      if (p.x_elems() > 0 && quads(true, &qd)) {
-        const i64 n = quad_items(qd);
-        quad_kernel<T, V, QuadOp::kMaxBwd, I><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
-            g, qd, x, dy, dx, static_cast<I>(n));
-        return launched("max pool backward (quads)");
+    // Quads: the arg-max taps of every window into the workspace, then the cells gather.
+    Quads qs, qc;
+    if constexpr (std::is_same_v<G, uint8_t>) {
+      if (p.x_elems() > 0 && p.y_elems() > 0 && quads(false, &qs) && quads(true, &qc)) {
+        const i64 ns = quad_items(qs), nc = quad_items(qc);
+        quad_kernel<T, V, QuadOp::kMaxSelect, I><<<blocks_for(ns, kBlock), kBlock, 0, stream>>>(
+            g, qs, x, nullptr, nullptr, arg, static_cast<I>(ns));
+        if (std::string err = launched("max pool arg-max (quads)"); !err.empty()) return err;
+        quad_kernel<T, V, QuadOp::kMaxScatter, I><<<blocks_for(nc, kBlock), kBlock, 0,
+                                                    stream>>>(g, qc, nullptr, dy, dx, arg,
+                                                              static_cast<I>(nc));
+        return launched("max pool scatter (quads)");
       }
+    }
+    if constexpr (sizeof(T) * V == 16) {
+      // Channel tiles: one pass, no workspace.
       ChanTile ct;
       if (p.x_elems() > 0 && chan_tile(true, &ct)) {
         chan_tile_kernel<T, V, true, true><<<chan_blocks(ct), kBlock, chan_smem(ct, true),
@@ -2111,6 +2138,13 @@ struct Launcher {
     const i64 items = p.x_elems() / V;
     if (items == 0) return "";
     using A = typename AccOf<T>::type;
+    Quads qd;
+    if (quads(true, &qd)) {
+      const i64 n = quad_items(qd);
+      quad_kernel<T, V, QuadOp::kAvgBwd, I><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
+          g, qd, nullptr, dy, dx, nullptr, static_cast<I>(n));
+      return launched("avg pool backward (quads)");
+    }
     PlaneTile pt;
     if (plane_tile(true, 0, &pt)) {
       plane_bwd_kernel<T, false, uint8_t><<<plane_blocks(pt), dim3(kTileW, 8),
@@ -2119,13 +2153,6 @@ struct Launcher {
       return launched("avg pool backward (tiles)");
     }
     if constexpr (sizeof(T) * V == 16) {
-      Quads qd;
-      if (quads(true, &qd)) {
-        const i64 n = quad_items(qd);
-        quad_kernel<T, V, QuadOp::kAvgBwd, I><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
-            g, qd, nullptr, dy, dx, static_cast<I>(n));
-        return launched("avg pool backward (quads)");
-      }
       if (cells_2x2()) {
         const i64 out_items = p.y_elems() / V;
         if (out_items == 0) return "";
