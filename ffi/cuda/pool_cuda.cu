@@ -1364,21 +1364,22 @@ __global__ void __launch_bounds__(kBlock)
 
 // Avg pooling when the windows partition the input (stride = window, dilation 1, padding only
 // inside the first and last windows: every input in exactly one window), 2-D windows of
-// kR x kS, 16-byte channel vectors: thread = (output, channel vector) for kItems outputs t, t + kBlock, ... Forward: the
-// window-order sum of its in-bounds taps / divisor; backward: dy * (1 / divisor) (one window per
-// input: a single product) stored to each in-bounds tap. Straight-line, loads in flight together.
-template <typename T, int V, bool kFwd, int kR, int kS, typename I>
+// kR x kS, 16-byte channel vectors: thread = (output, channel vector) for kN outputs t,
+// t + kBlock, ... Forward: the window-order sum of its in-bounds taps / divisor; backward:
+// dy * (1 / divisor) (one window per input: a single product) stored to each in-bounds tap.
+// Straight-line, loads in flight together.
+template <typename T, int V, bool kFwd, int kR, int kS, typename I, int kN = kItems>
 __global__ void __launch_bounds__(kBlock)
     cell_avg_kernel(Geo g, const T* __restrict__ src, T* __restrict__ dst, I items) {
   using A = typename AccOf<T>::type;
   using VT = Vec<T, V>;
-  const I t0 = static_cast<I>(blockIdx.x) * (kBlock * kItems) + threadIdx.x;
-  typename VT::R raw[kItems][kFwd ? kR * kS : 1];
-  i64 base[kItems];  // offset of tap (0, 0) (input) in units of T
-  bool in_r[kItems][kR], in_s[kItems][kS];
-  int div[kItems];
+  const I t0 = static_cast<I>(blockIdx.x) * (kBlock * kN) + threadIdx.x;
+  typename VT::R raw[kN][kFwd ? kR * kS : 1];
+  i64 base[kN];  // offset of tap (0, 0) (input) in units of T
+  bool in_r[kN][kR], in_s[kN][kS];
+  int div[kN];
 #pragma unroll
-  for (int j = 0; j < kItems; ++j) {
+  for (int j = 0; j < kN; ++j) {
     const I t = t0 + static_cast<I>(j) * kBlock;
     if (t >= items) continue;
     int cv, o[3];
@@ -1405,7 +1406,7 @@ __global__ void __launch_bounds__(kBlock)
     }
   }
 #pragma unroll
-  for (int j = 0; j < kItems; ++j) {
+  for (int j = 0; j < kN; ++j) {
     const I t = t0 + static_cast<I>(j) * kBlock;
     if (t >= items) continue;
     A acc[V];
@@ -1802,6 +1803,16 @@ int split_override() {
   return value;
 }
 
+// JAXDNN_POOL_CELL_ITEMS=1|2|4 (read once): outputs per thread of the 2x2-cell avg forward.
+int cell_items() {
+  static const int value = [] {
+    const char* v = std::getenv("JAXDNN_POOL_CELL_ITEMS");
+    const int n = v == nullptr ? 0 : std::atoi(v);
+    return n == 1 || n == 2 || n == 4 ? n : 4;
+  }();
+  return value;
+}
+
 // JAXDNN_POOL_QUAD=0 (read once) turns quad_kernel off (checks of the general kernels).
 bool quads_off() {
   static const bool value = [] {
@@ -1865,8 +1876,15 @@ struct Launcher {
     if constexpr (sizeof(T) * V == 16) {
       ChanTile ct;
       if (S == 1 && !is_max && cells_2x2()) {
-        cell_avg_kernel<T, V, true, 2, 2, I><<<blocks_for(items, kBlock * kItems), kBlock, 0,
-                                               stream>>>(g, x, y, static_cast<I>(items));
+        const I n = static_cast<I>(items);
+        switch (cell_items()) {  // outputs per thread
+          case 1: cell_avg_kernel<T, V, true, 2, 2, I, 1><<<blocks_for(items, kBlock), kBlock, 0,
+                                                          stream>>>(g, x, y, n); break;
+          case 2: cell_avg_kernel<T, V, true, 2, 2, I, 2><<<blocks_for(items, kBlock * 2), kBlock,
+                                                          0, stream>>>(g, x, y, n); break;
+          default: cell_avg_kernel<T, V, true, 2, 2, I, 4><<<blocks_for(items, kBlock * 4), kBlock,
+                                                           0, stream>>>(g, x, y, n);
+        }
         return launched("avg pool forward (2x2 cells)");
       }
       // Forward channel tiles only when forced (JAXDNN_POOL_CHAN=TH,TW,CB): on the H200 they ran
