@@ -41,6 +41,8 @@
 //                backward in two passes (each window's arg-max tap into the workspace, then
 //                each 2 x 2 input cell gathers dy from the 4 windows that cover it); avg
 //                backward per cell (no input loads).
+//   global_avg_bwd  avg backward of one window covering the input: 16-byte stores of
+//                dy * (1 / divisor) whatever the layout.
 //   cell_avg     avg forward / backward when 2x2 windows partition the input (2x2 stride 2,
 //                padding only inside edge windows), 16-byte vectors: thread = output, 4 per
 //                thread, straight-line (the backward writes each input once from its window).
@@ -70,6 +72,7 @@
 #include <cuda_runtime.h>
 #include <math_constants.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -1442,6 +1445,29 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
+// Avg backward of a single window that covers the whole input (global pooling): every input of
+// image n, channel c gets dy[n, c] * (1 / divisor) (one window: a single product). Thread = W
+// consecutive elements of dx (W = 16 bytes when the element count allows, else 1), so the
+// stores are 16-byte whatever the layout; dy is read per element (cached: consecutive elements
+// share it, or are consecutive channels). fc: C; fimg: the elements of one image, P * C.
+template <typename T, int W, typename I>
+__global__ void __launch_bounds__(kBlock)
+    global_avg_bwd_kernel(const T* __restrict__ dy, T* __restrict__ dx, I vectors, FastDiv fc,
+                          FastDiv fimg, typename AccOf<T>::type inv) {
+  using A = typename AccOf<T>::type;
+  const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
+  if (t >= vectors) return;
+  A v[W];
+#pragma unroll
+  for (int e = 0; e < W; ++e) {
+    const I i = t * W + e;
+    const I n = divq(i, fimg);
+    const I c = i - divq(i, fc) * fc.d;
+    v[e] = to_acc(dy[n * fc.d + c]) * inv;
+  }
+  Vec<T, W>::store(dx + static_cast<i64>(t) * W, v);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3 x 3 windows at stride 2 (dilation 1, over the two inner dimensions; depth folds into the
 // images), channel vectors of V elements (V = 1: lanes run along channels, or along the width
@@ -1449,7 +1475,8 @@ __global__ void __launch_bounds__(kBlock)
 // windows {c, c+1} x {c', c'+1}; their taps are the 5 x 5 inputs from (2c - pad, 2c' - pad),
 // which the thread streams row by row with the four windows' running states in registers:
 //   max / avg forward  quads at even (c, c'), so each window once: 25 loads for 4 outputs
-//                      (window_fwd: 36), each window's taps in window order;
+//                      (window_fwd: 36), each window's taps in window order; the max gather
+//                      (JVP) selects the same way and carries the tangent of the selection;
 //   max backward       two passes. The arg-max taps of every window (select_kernel's rule,
 //                      quads as in the forward) go to the workspace, one byte per element.
 //                      Then every quad's cell of 2 x 2 inputs (2c+1-pad+j, 2c'+1-pad+j'),
@@ -1468,7 +1495,7 @@ struct Quads {
   int step;          // between quads: 2 forward, 1 backward
 };
 
-enum class QuadOp { kMaxFwd, kAvgFwd, kMaxSelect, kMaxScatter, kAvgBwd };
+enum class QuadOp { kMaxFwd, kAvgFwd, kMaxSelect, kMaxGather, kMaxScatter, kAvgBwd };
 
 // Quiet NaN in both halves of a word.
 template <typename T> constexpr uint32_t nan2() {
@@ -1499,32 +1526,38 @@ __device__ __forceinline__ uint32_t ge_mask(uint32_t a, uint32_t b) {
 }
 
 // The running state of one window: the max or sum of its in-bounds taps (forward), or the
-// selection (kSelect: value and tap; a later tap v replaces the selection s unless s >= v, a
-// padding tap replaces only a NaN selection, with -inf and no tap). 16-bit max works on pairs
-// in 32-bit words, the taps in the matching halves.
-template <typename T, int V, bool kMax, bool kSelect, bool kPacked = kMax && kPackedMax<T, V>>
+// selection (kSelect: a later tap v replaces the selection s unless s >= v, a padding tap
+// replaces only a NaN selection, with -inf) and what it carries: the selected tap (none for
+// padding) or, kPick, the tangent at the selected tap (0 for padding). 16-bit max works on
+// pairs in 32-bit words, the taps or tangents in the matching halves.
+template <typename T, int V, bool kMax, bool kSelect, bool kPick = false,
+          bool kPacked = kMax && kPackedMax<T, V>>
 struct WindowState;
 
-template <typename T, int V, bool kSelect>
-struct WindowState<T, V, true, kSelect, true> {
+template <typename T, int V, bool kSelect, bool kPick>
+struct WindowState<T, V, true, kSelect, kPick, true> {
+  using R = typename Vec<T, V>::R;
   static constexpr int kW = sizeof(T) * V / 4;
   uint32_t m[kW], k[kSelect ? kW : 1];
   __device__ __forceinline__ void init() {
 #pragma unroll
     for (int i = 0; i < kW; ++i) {
       m[i] = kSelect ? nan2<T>() : neg_inf2<T>();
-      if (kSelect) k[i] = 0xffffffffu;
+      if (kSelect) k[i] = kPick ? 0u : 0xffffffffu;
     }
   }
-  __device__ __forceinline__ void add(const typename Vec<T, V>::R& r, int tap) {
-    uint32_t v[kW];
+  // Tap v (its tap index, or the tangent words `picked`).
+  __device__ __forceinline__ void add(const R& r, int tap, const R* picked = nullptr) {
+    uint32_t v[kW], pw[kW];
     memcpy(v, &r, sizeof(v));
+    if constexpr (kPick) memcpy(pw, picked, sizeof(pw));
 #pragma unroll
     for (int i = 0; i < kW; ++i) {
       if constexpr (kSelect) {
         const uint32_t keep = ge_mask<T>(m[i], v[i]);
+        const uint32_t payload = kPick ? pw[i] : static_cast<uint32_t>(tap) * 0x10001u;
         m[i] = (m[i] & keep) | (v[i] & ~keep);
-        k[i] = (k[i] & keep) | ((static_cast<uint32_t>(tap) * 0x10001u) & ~keep);
+        k[i] = (k[i] & keep) | (payload & ~keep);
       } else {
         m[i] = max2<T>(m[i], v[i]);
       }
@@ -1535,33 +1568,42 @@ struct WindowState<T, V, true, kSelect, true> {
     for (int i = 0; i < kW; ++i) {
       const uint32_t keep = ge_mask<T>(m[i], neg_inf2<T>());  // not NaN
       m[i] = (m[i] & keep) | (neg_inf2<T>() & ~keep);
-      k[i] |= ~keep;
+      k[i] = kPick ? k[i] & keep : k[i] | ~keep;  // tangent +0 / no tap (0xffff)
     }
   }
   __device__ __forceinline__ int tap(int e) const { return (k[e / 2] >> (16 * (e % 2))) & 0xffff; }
+  __device__ __forceinline__ R carried() const {
+    R r;
+    memcpy(&r, kSelect ? k : m, sizeof(R));
+    return r;
+  }
 };
 
-template <typename T, int V, bool kMax, bool kSelect>
-struct WindowState<T, V, kMax, kSelect, false> {
+template <typename T, int V, bool kMax, bool kSelect, bool kPick>
+struct WindowState<T, V, kMax, kSelect, kPick, false> {
   using A = typename AccOf<T>::type;
+  using R = typename Vec<T, V>::R;
+  using K = std::conditional_t<kPick, A, int>;
   A m[V];
-  int k[kSelect ? V : 1];
+  K k[kSelect ? V : 1];
   __device__ __forceinline__ void init() {
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       m[e] = kSelect ? quiet_nan<A>() : (kMax ? neg_inf<A>() : A(0));
-      if (kSelect) k[e] = -1;
+      if (kSelect) k[e] = K(kPick ? 0 : -1);
     }
   }
-  __device__ __forceinline__ void add(const typename Vec<T, V>::R& r, int tap) {
-    A v[V];
+  __device__ __forceinline__ void add(const R& r, int tap, const R* picked = nullptr) {
+    A v[V], pv[V];
     Vec<T, V>::unpack(r, v);
+    if constexpr (kPick) Vec<T, V>::unpack(*picked, pv);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       if constexpr (kSelect) {
         const bool take = !(m[e] >= v[e]);
         m[e] = take ? v[e] : m[e];
-        k[e] = take ? tap : k[e];
+        if constexpr (kPick) k[e] = take ? pv[e] : k[e];
+        else k[e] = take ? tap : k[e];
       } else {
         m[e] = kMax ? max_step(m[e], v[e]) : m[e] + v[e];
       }
@@ -1572,10 +1614,10 @@ struct WindowState<T, V, kMax, kSelect, false> {
     for (int e = 0; e < V; ++e) {
       const bool take = m[e] != m[e];
       m[e] = take ? neg_inf<A>() : m[e];
-      k[e] = take ? -1 : k[e];
+      k[e] = take ? K(kPick ? 0 : -1) : k[e];
     }
   }
-  __device__ __forceinline__ int tap(int e) const { return k[e]; }
+  __device__ __forceinline__ int tap(int e) const { return static_cast<int>(k[e]); }
 };
 
 // avg_divisor of output (d, h, w).
@@ -1584,8 +1626,13 @@ __device__ __forceinline__ int quad_divisor(const Geo& g, int d, int h, int w) {
   return divisor_factor(g, 0, d) * divisor_factor(g, 1, h) * divisor_factor(g, 2, w);
 }
 
+// Blocks per SM that quad_kernel's register budget aims at (sweeps: -DJAXDNN_QUAD_MINB=N).
+#ifndef JAXDNN_QUAD_MINB
+#define JAXDNN_QUAD_MINB 1
+#endif
+
 template <typename T, int V, QuadOp kOp, typename I>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, JAXDNN_QUAD_MINB)
     quad_kernel(Geo g, Quads qd, const T* __restrict__ x, const T* __restrict__ dy,
                 T* __restrict__ out, uint8_t* __restrict__ arg, I items) {
   using A = typename AccOf<T>::type;
@@ -1593,7 +1640,8 @@ __global__ void __launch_bounds__(kBlock)
   using R = typename VT::R;
   using AV = ArgVec<uint8_t, V>;
   constexpr bool kMax = kOp != QuadOp::kAvgFwd && kOp != QuadOp::kAvgBwd;
-  constexpr bool kSelect = kOp == QuadOp::kMaxSelect;
+  constexpr bool kPick = kOp == QuadOp::kMaxGather;  // dy: the tangent
+  constexpr bool kSelect = kOp == QuadOp::kMaxSelect || kPick;
   constexpr bool kCells = kOp == QuadOp::kMaxScatter || kOp == QuadOp::kAvgBwd;
   const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
   if (t >= items) return;
@@ -1614,7 +1662,7 @@ __global__ void __launch_bounds__(kBlock)
   };
   if constexpr (!kCells) {
     // The windows: their taps row by row, in window order.
-    WindowState<T, V, kMax, kSelect> st[2][2];
+    WindowState<T, V, kMax, kSelect, kPick> st[2][2];
 #pragma unroll
     for (int a = 0; a < 2; ++a)
 #pragma unroll
@@ -1628,13 +1676,16 @@ __global__ void __launch_bounds__(kBlock)
       const int ir = r0 + r;
       const bool rin = ir >= 0 && ir < g.in[1];
       if (!kSelect && !rin) continue;  // the forward skips out-of-bounds taps
-      const T* row = x + (img * g.in[1] + ir) * g.in[2] * C + static_cast<i64>(cv) * V;
-      R v[5];
+      const i64 row = (img * g.in[1] + ir) * g.in[2] * C + static_cast<i64>(cv) * V;
+      R v[5], tv[kPick ? 5 : 1];
       bool in[5];
 #pragma unroll
       for (int s = 0; s < 5; ++s) {
         in[s] = rin && s0 + s >= 0 && s0 + s < g.in[2];
-        if (in[s] && scol[s]) v[s] = VT::load(row + static_cast<i64>(s0 + s) * C);
+        if (in[s] && scol[s]) {
+          v[s] = VT::load(x + row + static_cast<i64>(s0 + s) * C);
+          if constexpr (kPick) tv[s] = VT::load(dy + row + static_cast<i64>(s0 + s) * C);
+        }
       }
 #pragma unroll
       for (int a = 0; a < 2; ++a) {
@@ -1646,7 +1697,7 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
           for (int kc = 0; kc < 3; ++kc) {
             const int s = 2 * b + kc;
-            if (in[s]) st[a][b].add(v[s], kb * 3 + kc);
+            if (in[s]) st[a][b].add(v[s], kb * 3 + kc, kPick ? &tv[kPick ? s : 0] : nullptr);
             else if constexpr (kSelect) st[a][b].padding();
           }
         }
@@ -1657,15 +1708,17 @@ __global__ void __launch_bounds__(kBlock)
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         if (!vh[a] || !vw[b]) continue;
-        if constexpr (kSelect) {
+        if constexpr (kPick && kPackedMax<T, V>) {
+          *reinterpret_cast<R*>(out + y_off(a, b)) = st[a][b].carried();
+        } else if constexpr (kPick) {
+          VT::store(out + y_off(a, b), st[a][b].k);
+        } else if constexpr (kSelect) {
           int taps[V];
 #pragma unroll
           for (int e = 0; e < V; ++e) taps[e] = st[a][b].tap(e);
           AV::store(arg + y_off(a, b), taps);
         } else if constexpr (kMax && kPackedMax<T, V>) {
-          R r;
-          memcpy(&r, st[a][b].m, sizeof(R));
-          *reinterpret_cast<R*>(out + y_off(a, b)) = r;
+          *reinterpret_cast<R*>(out + y_off(a, b)) = st[a][b].carried();
         } else {
           A acc[V];
 #pragma unroll
@@ -1803,12 +1856,13 @@ int split_override() {
   return value;
 }
 
-// JAXDNN_POOL_CELL_ITEMS=1|2|4 (read once): outputs per thread of the 2x2-cell avg forward.
+// JAXDNN_POOL_CELL_ITEMS=1|2|4 (read once): outputs per thread of the 2x2-cell avg forward
+// (default 1: bf16 32x112x112x64 on the H200, 18.3 / 20.4 / 25.4 us for 1 / 2 / 4).
 int cell_items() {
   static const int value = [] {
     const char* v = std::getenv("JAXDNN_POOL_CELL_ITEMS");
     const int n = v == nullptr ? 0 : std::atoi(v);
-    return n == 1 || n == 2 || n == 4 ? n : 4;
+    return n == 1 || n == 2 || n == 4 ? n : 1;
   }();
   return value;
 }
@@ -2037,6 +2091,24 @@ struct Launcher {
     return p.N * p.in[0] * static_cast<i64>(qd.fqh.d) * qd.fqw.d * (p.C / V);
   }
 
+  // One window (dilation 1) that covers every input: global pooling. *div: its divisor, the
+  // taps inside the counting region.
+  bool global_window(int* div) const {
+    i64 d_all = 1;
+    for (int d = 0; d < 3; ++d) {
+      if (p.out[d] != 1 || p.dilation[d] != 1 || p.pad_lo[d] > 0 ||
+          p.window[d] - p.pad_lo[d] < p.in[d])
+        return false;
+      // Taps k in [0, window) with k - pad in the counting region [-count_lo, in + count_hi).
+      const i64 k0 = std::max<i64>(0, p.pad_lo[d] - p.count_lo[d]);
+      const i64 k1 = std::min<i64>(p.window[d], p.in[d] + p.count_hi[d] + p.pad_lo[d]);
+      d_all *= std::max<i64>(0, k1 - k0);
+    }
+    *div = static_cast<int>(d_all);
+    // 32-bit indices divide by multiply-shift below 2^31.
+    return p.N > 0 && (sizeof(I) == 8 || p.x_elems() < (i64(1) << 31) - 64 * kBlock);
+  }
+
   // The tiles of the plane kernels: one-channel images, a window over the two innermost
   // dimensions only, at least 8 x 16 pixels on the tiled side (outputs, or inputs when
   // `backward`) and the staged region within 32 KB (arg-max entries of `arg_bytes` each too).
@@ -2084,6 +2156,13 @@ struct Launcher {
     const i64 items = p.y_elems() / V;
     if (items == 0) return "";
     using A = typename AccOf<T>::type;
+    Quads qd;
+    if (quads(false, &qd)) {
+      const i64 n = quad_items(qd);
+      quad_kernel<T, V, QuadOp::kMaxGather, I><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
+          g, qd, x, tangent, y, nullptr, static_cast<I>(n));
+      return launched("max pool gather (quads)");
+    }
     PlaneTile pt;
     if (plane_tile(false, 0, &pt)) {
       plane_select_kernel<T, true, uint8_t><<<plane_blocks(pt), dim3(kTileW, 8),
@@ -2156,6 +2235,20 @@ struct Launcher {
     const i64 items = p.x_elems() / V;
     if (items == 0) return "";
     using A = typename AccOf<T>::type;
+    if (int div = 0; global_window(&div)) {
+      constexpr int kW = 16 / sizeof(T);
+      const A inv = A(1) / static_cast<A>(div);
+      const FastDiv fc(p.C), fimg(p.x_elems() / p.N);
+      if (p.x_elems() % kW == 0 && aligned16(dx)) {
+        const i64 n = p.x_elems() / kW;
+        global_avg_bwd_kernel<T, kW, I><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
+            dy, dx, static_cast<I>(n), fc, fimg, inv);
+      } else {
+        global_avg_bwd_kernel<T, 1, I><<<blocks_for(p.x_elems(), kBlock), kBlock, 0, stream>>>(
+            dy, dx, static_cast<I>(p.x_elems()), fc, fimg, inv);
+      }
+      return launched("avg pool backward (global)");
+    }
     Quads qd;
     if (quads(true, &qd)) {
       const i64 n = quad_items(qd);

@@ -229,6 +229,9 @@ std::vector<Spec> specs() {
   add({"q-3x3s2p1-ceil-c32", 2, 2, 32, {12, 13}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}, true, true});
   add({"q-3d-1x3x3s2-c8", 3, 2, 8, {2, 9, 8}, {1, 3, 3}, {1, 2, 2}, {}, {0, 1, 0}, {0, 1, 1}});
   add({"q-3x3s2p1-c3", 2, 2, 3, {10, 9}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}});  // 1-element vectors
+  // One window over a padded input (global_avg_bwd_kernel), counting the padding or not.
+  add({"global-pad-excl-c1", 2, 3, 1, {5, 6}, {7, 8}, {1, 1}, {}, {1, 1}, {1, 1}, false});
+  add({"global-pad-incl-c24", 2, 2, 24, {5, 6}, {6, 8}, {1, 1}, {}, {1, 1}, {0, 1}, true});
   // One-channel images large enough for the tiled forward (partial tiles, 1-4 rows a thread).
   add({"c1-tiles-3x3s2p1", 2, 3, 1, {40, 37}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}});
   add({"c1-tiles-2x2s2", 2, 2, 1, {34, 66}, {2, 2}, {2, 2}});
