@@ -235,17 +235,26 @@ def _scatter_workspace_bytes(platform: str, g: PoolGeometry, y_elems: int) -> in
   return 4 * y_elems
 
 
+def _is_global(g: PoolGeometry) -> bool:
+  """One window over the whole input (pool_cpu.cc's is_global)."""
+  return (all(o == 1 for o in g.out_spatial)
+          and all(w == i and lo == 0 and (d == 1 or w == 1)
+                  for w, i, lo, d in zip(g.window, g.in_spatial, g.pad_lo, g.dilation)))
+
+
 def _ffi_impl(platform, prim, *args, geometry):
   g = geometry
   out_aval = _abstract_eval(prim, *(jax.typeof(a) for a in args), geometry=g)
   if 0 in out_aval.shape:
     return jnp.zeros(out_aval.shape, out_aval.dtype)
   target, _, _ = _SIGNATURES[prim]
-  if platform == "cpu" and not g.channels_last and prim is max_pool_scatter_p:
+  if (platform == "cpu" and not g.channels_last and prim is max_pool_scatter_p
+      and not _is_global(g)):
     # The CPU arg-max scatter vectorizes over channels only: channels-first operands are
     # transposed to channels-last (two copies; far cheaper than one-channel scatter loops). The
-    # gather (the JVP) has a one-channel kernel that vectorizes along the output rows, and the
-    # CUDA kernels run one-channel images directly (one thread per pixel).
+    # gather (the JVP) has a one-channel kernel that vectorizes along the output rows, global
+    # pooling has a one-channel scatter (pool_cpu.cc's global kernels), and the CUDA kernels run
+    # one-channel images directly (one thread per pixel).
     to_last = (0, *range(2, len(out_aval.shape)), 1)
     last = dataclasses.replace(g, channels_last=True)
     out = _ffi_impl(platform, prim, *(jnp.transpose(a, to_last) for a in args), geometry=last)
