@@ -242,6 +242,14 @@ def _is_global(g: PoolGeometry) -> bool:
                   for w, i, lo, d in zip(g.window, g.in_spatial, g.pad_lo, g.dilation)))
 
 
+def _units_outermost(shape):
+  """Major-to-minor layout of `shape` with its unit dimensions outermost (row-major bytes)."""
+  units = [d for d, n in enumerate(shape) if n == 1]
+  if not units:
+    return None
+  return (*units, *(d for d, n in enumerate(shape) if n != 1))
+
+
 def _ffi_impl(platform, prim, *args, geometry):
   g = geometry
   out_aval = _abstract_eval(prim, *(jax.typeof(a) for a in args), geometry=g)
@@ -265,7 +273,18 @@ def _ffi_impl(platform, prim, *args, geometry):
     y_elems = int(np.prod(kernel_args[1].shape))
     results.append(jax.ShapeDtypeStruct((_scatter_workspace_bytes(platform, g, y_elems),),
                                         np.uint8))
-  outs = jax.ffi.ffi_call(target, results)(*kernel_args, **g.ffi_attributes())
+  input_layouts = None
+  if platform == "cpu" and not g.channels_last and np.dtype(out_aval.dtype).itemsize == 2:
+    # Channels-first operands reach the kernels as (N*C, spatial..., 1). Where that unit
+    # dimension sits in a layout moves no data, but XLA:CPU gives the reshape of a 16-bit operand
+    # a layout with it outermost and then copies the whole operand into the row-major layout
+    # the call asks for by default (float32 reshapes stay bitcasts). Asking for the unit
+    # dimensions outermost (the same bytes) removes that copy of x (and of dy). An operand that
+    # comes row-major straight from another jaxdnn pooling call (two channels-first pools in a
+    # row, a pool's output fed back as a cotangent) is now the one copied.
+    input_layouts = [_units_outermost(a.shape) for a in kernel_args]
+  outs = jax.ffi.ffi_call(target, results, input_layouts=input_layouts)(*kernel_args,
+                                                                       **g.ffi_attributes())
   return outs[0].reshape(out_aval.shape)
 
 
