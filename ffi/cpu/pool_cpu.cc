@@ -687,7 +687,32 @@ struct PoolKernels {
         S* ys = y + n * C + c0;
         int64_t c = 0;
 #if defined(JAXDNN_POOL_AVX512)
-        if constexpr (kSimd) {
+        if constexpr (std::is_same_v<S, BF16>) {
+          if (cb == CB) {  // 32 channels per load: even channels << 16, odd ones masked
+            constexpr int V = CB / 32;
+            const __m512i hi_half = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
+            __m512 even[V], odd[V];
+            for (int v = 0; v < V; ++v) even[v] = odd[v] = _mm512_set1_ps(kMax ? -kInf<float> : 0.0f);
+            for (int64_t q = 0; q < P; ++q) {
+              const S* xp = xs + q * C;
+#pragma GCC unroll 8
+              for (int v = 0; v < V; ++v) {
+                const __m512i w = _mm512_loadu_si512(xp + 32 * v);
+                const __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+                const __m512 o = _mm512_castsi512_ps(_mm512_and_si512(w, hi_half));
+                even[v] = kMax ? vmax_nan(even[v], e) : _mm512_add_ps(even[v], e);
+                odd[v] = kMax ? vmax_nan(odd[v], o) : _mm512_add_ps(odd[v], o);
+              }
+            }
+            const __m512 d = _mm512_set1_ps(divisor);
+            for (int v = 0; v < V; ++v) {
+              const __m512i e = bf16_bits(kMax ? even[v] : _mm512_div_ps(even[v], d));
+              const __m512i o = bf16_bits(kMax ? odd[v] : _mm512_div_ps(odd[v], d));
+              _mm512_storeu_si512(ys + 32 * v, _mm512_or_si512(e, _mm512_slli_epi32(o, 16)));
+            }
+            continue;
+          }
+        } else if constexpr (kSimd) {
           if (cb == CB) {
             constexpr int V = CB / 16;
             __m512 acc[V];
