@@ -36,6 +36,9 @@ CPU_CASES = [
     ("avgpool2x2s2", (8, 56, 56, 256), "NHWC", "avg", (2, 2), (2, 2), "VALID"),
     ("avgpool3x3s1 SAME excl", (8, 28, 28, 256), "NHWC", "avg_excl", (3, 3), (1, 1), "SAME"),
     ("global avg 7x7x2048", (8, 7, 7, 2048), "NHWC", "global_avg", None, None, None),
+    ("global avg NCHW 2048x7x7", (8, 2048, 7, 7), "NCHW", "global_avg", None, None, None),
+    ("global max 7x7x2048", (8, 7, 7, 2048), "NHWC", "global_max", None, None, None),
+    ("global max NCHW 2048x7x7", (8, 2048, 7, 7), "NCHW", "global_max", None, None, None),
 ]
 PAD1 = ((1, 1), (1, 1))
 # ResNet-50 at N = 32 (the bar: >= 3 TB/s for bf16 NHWC).
@@ -58,6 +61,8 @@ def _jaxdnn_fn(kind, layout, window, strides, padding):
     return lambda x: jaxdnn.max_pool(x, window, strides, padding, layout=layout)
   if kind in ("avg", "avg_excl"):
     return lambda x: jaxdnn.avg_pool(x, window, strides, padding, kind == "avg", layout=layout)
+  if kind == "global_max":
+    return lambda x: jaxdnn.global_max_pool(x, layout=layout)
   return lambda x: jaxdnn.global_avg_pool(x, layout=layout)
 
 
@@ -66,6 +71,8 @@ def _xla_fn(kind, layout, window, strides, padding):
   spatial = (1, 2) if layout == "NHWC" else (2, 3)
   if kind == "global_avg":
     return lambda x: jnp.mean(x, axis=spatial)
+  if kind == "global_max":
+    return lambda x: jnp.max(x, axis=spatial)
   if layout == "NHWC":
     if kind == "max":
       return lambda x: nn.max_pool(x, window, strides, padding)
@@ -101,7 +108,7 @@ def _torch_time(kind, layout, window, strides, padding, shape, dtype, op, k, rep
     import torch
   except ImportError:
     return None
-  if not torch.cuda.is_available() or op == "jvp":
+  if not torch.cuda.is_available() or op == "jvp" or kind == "global_max":
     return None
   if isinstance(padding, str):
     if padding != "VALID" and kind != "avg_excl":
@@ -158,6 +165,8 @@ def main():
   parser.add_argument("--budget", type=float, default=10.0, help="seconds per measurement")
   parser.add_argument("--dtype", default=None, help="default: float32 on cpu, bfloat16 on gpu")
   parser.add_argument("--csv", default=None, help="write the table as CSV")
+  parser.add_argument("--cases", default=None,
+                      help="run only the cases whose name contains this text (case-insensitive)")
   parser.add_argument("--no-torch", action="store_true")
   parser.add_argument("--inner", type=int, default=None,
                       help="calls issued back to back per sample, so that asynchronous dispatch "
@@ -170,6 +179,8 @@ def main():
   k = args.k or (8 if gpu else 4)
   inner = args.inner or (10 if gpu else 1)
   cases = GPU_CASES if gpu else CPU_CASES
+  if args.cases:
+    cases = [c for c in cases if args.cases.lower() in c[0].lower()]
   rng = np.random.default_rng(0)
   threads = jaxdnn._src.ffi.load_cpu_extension().num_threads()
   header = (f"jax {jax.__version__}, {device.device_kind} ({platform}), {os.cpu_count()} host "
@@ -197,7 +208,8 @@ def main():
           wrap, operands, moved = _batched_jvp, (xs, xs[::-1]), 2 * in_bytes + out_bytes
         else:
           wrap, operands = _batched_vjp, (xs, cts)
-          moved = (2 * in_bytes + out_bytes) if kind == "max" else (in_bytes + out_bytes)
+          moved = (2 * in_bytes + out_bytes) if kind in ("max", "global_max") else (in_bytes +
+                                                                               out_bytes)
         t_ours = time_call(wrap(ours), operands, args.repeats, args.budget, inner) / k
         t_ref = time_call(wrap(ref), operands, args.repeats, args.budget, inner) / k
         t_torch = None

@@ -235,17 +235,34 @@ def _scatter_workspace_bytes(platform: str, g: PoolGeometry, y_elems: int) -> in
   return 4 * y_elems
 
 
+def _is_global(g: PoolGeometry) -> bool:
+  """One window over the whole input (pool_cpu.cc's is_global)."""
+  return (all(o == 1 for o in g.out_spatial)
+          and all(w == i and lo == 0 and (d == 1 or w == 1)
+                  for w, i, lo, d in zip(g.window, g.in_spatial, g.pad_lo, g.dilation)))
+
+
+def _units_outermost(shape):
+  """Major-to-minor layout of `shape` with its unit dimensions outermost (row-major bytes)."""
+  units = [d for d, n in enumerate(shape) if n == 1]
+  if not units:
+    return None
+  return (*units, *(d for d, n in enumerate(shape) if n != 1))
+
+
 def _ffi_impl(platform, prim, *args, geometry):
   g = geometry
   out_aval = _abstract_eval(prim, *(jax.typeof(a) for a in args), geometry=g)
   if 0 in out_aval.shape:
     return jnp.zeros(out_aval.shape, out_aval.dtype)
   target, _, _ = _SIGNATURES[prim]
-  if platform == "cpu" and not g.channels_last and prim is max_pool_scatter_p:
+  if (platform == "cpu" and not g.channels_last and prim is max_pool_scatter_p
+      and not _is_global(g)):
     # The CPU arg-max scatter vectorizes over channels only: channels-first operands are
     # transposed to channels-last (two copies; far cheaper than one-channel scatter loops). The
-    # gather (the JVP) has a one-channel kernel that vectorizes along the output rows, and the
-    # CUDA kernels run one-channel images directly (one thread per pixel).
+    # gather (the JVP) has a one-channel kernel that vectorizes along the output rows, global
+    # pooling has a one-channel scatter (pool_cpu.cc's global kernels), and the CUDA kernels run
+    # one-channel images directly (one thread per pixel).
     to_last = (0, *range(2, len(out_aval.shape)), 1)
     last = dataclasses.replace(g, channels_last=True)
     out = _ffi_impl(platform, prim, *(jnp.transpose(a, to_last) for a in args), geometry=last)
@@ -256,7 +273,18 @@ def _ffi_impl(platform, prim, *args, geometry):
     y_elems = int(np.prod(kernel_args[1].shape))
     results.append(jax.ShapeDtypeStruct((_scatter_workspace_bytes(platform, g, y_elems),),
                                         np.uint8))
-  outs = jax.ffi.ffi_call(target, results)(*kernel_args, **g.ffi_attributes())
+  input_layouts = None
+  if platform == "cpu" and not g.channels_last and np.dtype(out_aval.dtype).itemsize == 2:
+    # Channels-first operands reach the kernels as (N*C, spatial..., 1). Where that unit
+    # dimension sits in a layout moves no data, but XLA:CPU gives the reshape of a 16-bit operand
+    # a layout with it outermost and then copies the whole operand into the row-major layout
+    # the call asks for by default (float32 reshapes stay bitcasts). Asking for the unit
+    # dimensions outermost (the same bytes) removes that copy of x (and of dy). An operand that
+    # comes row-major straight from another jaxdnn pooling call (two channels-first pools in a
+    # row, a pool's output fed back as a cotangent) is now the one copied.
+    input_layouts = [_units_outermost(a.shape) for a in kernel_args]
+  outs = jax.ffi.ffi_call(target, results, input_layouts=input_layouts)(*kernel_args,
+                                                                       **g.ffi_attributes())
   return outs[0].reshape(out_aval.shape)
 
 
