@@ -6,6 +6,9 @@ shares with the CUDA kernels, ffi/include/jaxdnn/erfcx_fit.h (needs numpy and mp
       points (Lawson-style) over 30 iterations.
   erfcx(x) = e^(x^2) erfc(x) ~ R(t), t = 1 / (1 + x/2), R of degree 10 on x in [0, 10]: a
       Chebyshev least-squares fit in t.
+  erfcx(x) ~ R6(t), t = 1 / (1 + 0.61 x), R6 of degree 6 on [0, 10], for results rounded to
+      16-bit types: a least-squares fit of relative error, reweighted toward the worst points
+      (Lawson-style); printed halved (erfcx_poly6_half).
 
     python scripts/fit_vec_math.py
 """
@@ -44,6 +47,19 @@ def fit_erfcx(deg=10, hi=10.0, scale=0.5):
   return c, np.max(np.abs(np.polyval(c[::-1], t) / h - 1))
 
 
+def fit_erfcx_relative(deg=6, hi=10.0, scale=0.61, iters=60):
+  z = np.concatenate([np.linspace(0, 1, 4000), np.linspace(1, hi, 8000)])
+  t = 1 / (1 + scale * z)
+  h = np.array([float(mp.exp(mp.mpf(v) ** 2) * mp.erfc(mp.mpf(v))) for v in z])
+  a = np.vander(t, deg + 1, increasing=True)
+  w = np.ones_like(t)
+  for _ in range(iters):
+    c, *_ = np.linalg.lstsq(a * (w / h)[:, None], w, rcond=None)
+    err = np.abs(a @ c / h - 1)
+    w = w * (1 + err / err.max()) ** 2
+  return c, err.max()
+
+
 def main():
   p, q, err = fit_tanh()
   print(f"tanh: max relative fit error {err:.2e}")
@@ -52,6 +68,9 @@ def main():
   c, err = fit_erfcx()
   print(f"erfcx: max relative fit error {err:.2e}")
   print("  R (constant first):", ", ".join(f"{v:.17g}" for v in c))
+  c, err = fit_erfcx_relative()
+  print(f"erfcx, degree 6: max relative fit error {err:.2e}")
+  print("  R6 / 2 (constant first):", ", ".join(f"{v / 2:.10g}" for v in c))
 
 
 if __name__ == "__main__":

@@ -83,28 +83,34 @@ std::string check_launch(const char* what) {
 
 enum class Op { kForward, kGradInput, kGradOutput, kGrad2Input, kGrad2Output };
 
-template <Op kOp, Activation kA, typename C>
+// The math policy by storage type: 16-bit results take DeviceMath16's shorter float math.
+template <typename S>
+using MathFor = std::conditional_t<sizeof(S) == 2, DeviceMath16, DeviceMath>;
+
+template <Op kOp, Activation kA, typename C, typename M>
 __device__ __forceinline__ C pointwise(C s, C p) {
-  if constexpr (kOp == Op::kForward) return activate<C, DeviceMath>(kA, s, p);
+  constexpr bool kShort = std::is_same_v<M, DeviceMath16>;
+  if constexpr (kOp == Op::kForward && kA == Activation::kGelu && kShort) return M::gelu(s);
+  if constexpr (kOp == Op::kForward) return activate<C, M>(kA, s, p);
   if constexpr (kOp == Op::kGradInput && kA == Activation::kGelu && std::is_same_v<C, float>)
-    return DeviceMath::gelu_grad(s);
-  if constexpr (kOp == Op::kGradInput) return activation_grad_from_input<C, DeviceMath>(kA, s, p);
-  if constexpr (kOp == Op::kGradOutput) return activation_grad_from_output<C, DeviceMath>(kA, s, p);
-  if constexpr (kOp == Op::kGrad2Input) return activation_grad2_from_input<C, DeviceMath>(kA, s, p);
-  return activation_grad2_from_output<C, DeviceMath>(kA, s, p);
+    return M::gelu_grad(s);
+  if constexpr (kOp == Op::kGradInput) return activation_grad_from_input<C, M>(kA, s, p);
+  if constexpr (kOp == Op::kGradOutput) return activation_grad_from_output<C, M>(kA, s, p);
+  if constexpr (kOp == Op::kGrad2Input) return activation_grad2_from_input<C, M>(kA, s, p);
+  return activation_grad2_from_output<C, M>(kA, s, p);
 }
 
 // out = op(s) (* d). relu and relu6's first derivatives select the cotangent (as jax.nn does:
 // a NaN or inf d outside the linear piece still gives 0) rather than multiply it by 0.
-template <Op kOp, Activation kA, typename C>
+template <Op kOp, Activation kA, typename C, typename M>
 __device__ __forceinline__ C apply(C s, C d, C p) {
   if constexpr (kOp == Op::kForward) {
-    return pointwise<kOp, kA, C>(s, p);
+    return pointwise<kOp, kA, C, M>(s, p);
   } else if constexpr ((kOp == Op::kGradInput || kOp == Op::kGradOutput) &&
                        (kA == Activation::kRelu || kA == Activation::kClippedRelu)) {
-    return pointwise<kOp, kA, C>(s, p) != C(0) ? d : C(0);
+    return pointwise<kOp, kA, C, M>(s, p) != C(0) ? d : C(0);
   } else {
-    return d * pointwise<kOp, kA, C>(s, p);
+    return d * pointwise<kOp, kA, C, M>(s, p);
   }
 }
 
@@ -147,7 +153,7 @@ __global__ void __launch_bounds__(kActThreads)
         for (int e = 0; e < V; ++e) {
           C dval = C(0);
           if constexpr (kBinary) dval = to_c(reinterpret_cast<const S*>(&d[u])[e]);
-          re[e] = from_c<S>(apply<kOp, kA, C>(to_c(ae[e]), dval, p));
+          re[e] = from_c<S>(apply<kOp, kA, C, MathFor<S>>(to_c(ae[e]), dval, p));
         }
         ov[k] = r;
       }
@@ -161,7 +167,7 @@ __global__ void __launch_bounds__(kActThreads)
     const i64 e = k < head ? k : tail0 + (k - head);
     C dval = C(0);
     if constexpr (kBinary) dval = to_c(dy[e]);
-    out[e] = from_c<S>(apply<kOp, kA, C>(to_c(s[e]), dval, p));
+    out[e] = from_c<S>(apply<kOp, kA, C, MathFor<S>>(to_c(s[e]), dval, p));
   }
 }
 
@@ -242,6 +248,12 @@ template <> __device__ __forceinline__ double neg_inf<double>() { return -CUDART
 
 template <typename C> __device__ __forceinline__ C exp_c(C v) { return exp(v); }
 template <> __device__ __forceinline__ float exp_c<float>(float v) { return expf(v); }
+// exp for storage type S: DeviceMath16's 2^(x log2 e) for 16-bit results.
+template <typename S, typename C>
+__device__ __forceinline__ C exp_s(C v) {
+  if constexpr (sizeof(S) == 2) return DeviceMath16::exp(v);
+  else return exp_c(v);
+}
 template <typename C> __device__ __forceinline__ C log_c(C v) { return log(v); }
 template <> __device__ __forceinline__ float log_c<float>(float v) { return logf(v); }
 
@@ -284,17 +296,17 @@ __device__ __forceinline__ C block_allreduce(C v) {
 }
 
 // Backward: pass 1 sums term(y, v), pass 2 writes out(y, v, sum) (pointwise_problem.h).
-template <SoftmaxOp kOp, typename C>
+template <SoftmaxOp kOp, typename S, typename C = typename Elem<S>::C>
 __device__ __forceinline__ C bwd_term(C y, C v) {
   if constexpr (kOp == SoftmaxOp::kSoftmax) return v * y;
   if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v;
-  return v * exp_c(y);
+  return v * exp_s<S>(y);
 }
 
-template <SoftmaxOp kOp, typename C>
+template <SoftmaxOp kOp, typename S, typename C = typename Elem<S>::C>
 __device__ __forceinline__ C bwd_out(C y, C v, C sum) {
   if constexpr (kOp == SoftmaxOp::kSoftmax) return y * (v - sum);
-  if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v - exp_c(y) * sum;
+  if constexpr (kOp == SoftmaxOp::kLogSoftmax) return v - exp_s<S>(y) * sum;
   return v - sum;
 }
 
@@ -327,7 +339,7 @@ __global__ void __launch_bounds__(kWarpRowThreads)
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       if (lane + 32 * k < n) {
-        const C e = exp_c(v[k] - m);
+        const C e = exp_s<S>(v[k] - m);
         sum += e;
         if constexpr (!kLog) v[k] = e;
       }
@@ -365,14 +377,14 @@ __global__ void __launch_bounds__(kWarpRowThreads)
       if (i < n) {
         yv[k] = to_c(y[base + i]);
         gv[k] = to_c(g[base + i]);
-        sum += bwd_term<kOp, C>(yv[k], gv[k]);
+        sum += bwd_term<kOp, S>(yv[k], gv[k]);
       }
     }
     sum = warp_sum(sum);
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int i = lane + 32 * k;
-      if (i < n) out[base + i] = from_c<S>(bwd_out<kOp, C>(yv[k], gv[k], sum));
+      if (i < n) out[base + i] = from_c<S>(bwd_out<kOp, S>(yv[k], gv[k], sum));
     }
   }
 }
@@ -381,57 +393,75 @@ __global__ void __launch_bounds__(kWarpRowThreads)
 // most 32 * NV vectors, 16-byte-aligned operands) ---
 // L lanes per row (a power of two <= 32), 32 / L rows per warp; lane l of a row holds its vectors
 // l, l + L, ..., l + (NV - 1) L. A row of 64 bf16 channels takes 8 lanes with one 16-byte load
-// each, where the warp-per-row kernels load 2 bytes per lane.
+// each, where the warp-per-row kernels load 2 bytes per lane. With one vector per lane (NV = 1)
+// the forward takes two such row groups per step and issues both loads first: each row's load
+// is followed by a chain of shuffles, exps and a division, and a single 16-byte load in flight
+// per thread held it to 2.5 TB/s (bf16, 64 channels, H200).
+template <int NV> constexpr int kVecRows = NV == 1 ? 2 : 1;
+
 template <typename S, bool kLog, int NV>
 __global__ void __launch_bounds__(kWarpRowThreads)
     softmax_fwd_vec(const S* __restrict__ x, S* __restrict__ y, i64 rows, int n, int L) {
   using C = typename Elem<S>::C;
   constexpr int V = 16 / sizeof(S);
   const int lane = threadIdx.x & 31, l = lane & (L - 1), nvec = n / V, per_warp = 32 / L;
-  const i64 step = static_cast<i64>(gridDim.x) * (blockDim.x >> 5) * per_warp;
-  for (i64 r0 = (static_cast<i64>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5)) * per_warp;
+  const i64 step = static_cast<i64>(gridDim.x) * (blockDim.x >> 5) * per_warp * kVecRows<NV>;
+  for (i64 r0 = (static_cast<i64>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5)) *
+                per_warp * kVecRows<NV>;
        r0 < rows; r0 += step) {  // warp-uniform: every lane reaches the shuffles
-    const i64 row = r0 + lane / L;
-    const bool live = row < rows;
-    C v[NV][V];
-    C m = neg_inf<C>();
+    uint4 u[kVecRows<NV>][NV];
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int q = k * L + l;
-      uint4 u = make_uint4(0, 0, 0, 0);
-      if (live && q < nvec) u = __ldg(reinterpret_cast<const uint4*>(x + row * n) + q);
-      const S* e = reinterpret_cast<const S*>(&u);
+    for (int g = 0; g < kVecRows<NV>; ++g) {
+      const i64 row = r0 + g * per_warp + lane / L;
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        v[k][j] = live && q < nvec ? to_c(e[j]) : neg_inf<C>();
-        m = max_c(m, v[k][j]);
+      for (int k = 0; k < NV; ++k) {
+        const int q = k * L + l;
+        u[g][k] = make_uint4(0, 0, 0, 0);
+        if (row < rows && q < nvec) u[g][k] = __ldg(reinterpret_cast<const uint4*>(x + row * n) + q);
       }
     }
-    m = warp_max(m, L);
-    C sum = 0;
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      if (k * L + l < nvec) {
+    for (int g = 0; g < kVecRows<NV>; ++g) {
+      const i64 row = r0 + g * per_warp + lane / L;
+      const bool live = row < rows;
+      C v[NV][V];
+      C m = neg_inf<C>();
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const bool in = live && k * L + l < nvec;
+        const S* e = reinterpret_cast<const S*>(&u[g][k]);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          const C e = exp_c(v[k][j] - m);
-          sum += e;
-          if constexpr (!kLog) v[k][j] = e;
+          v[k][j] = in ? to_c(e[j]) : neg_inf<C>();
+          m = max_c(m, v[k][j]);
         }
       }
-    }
-    sum = warp_sum(sum, L);
-    if (!live) continue;
-    const C lse = kLog ? log_c(sum) : C(0), inv = kLog ? C(0) : C(1) / sum;
+      m = warp_max(m, L);
+      C sum = 0;
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int q = k * L + l;
-      if (q >= nvec) continue;
-      uint4 u;
-      S* e = reinterpret_cast<S*>(&u);
+      for (int k = 0; k < NV; ++k) {
+        if (k * L + l < nvec) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) e[j] = from_c<S>(kLog ? (v[k][j] - m) - lse : v[k][j] * inv);
-      reinterpret_cast<uint4*>(y + row * n)[q] = u;
+          for (int j = 0; j < V; ++j) {
+            const C e = exp_s<S>(v[k][j] - m);
+            sum += e;
+            if constexpr (!kLog) v[k][j] = e;
+          }
+        }
+      }
+      sum = warp_sum(sum, L);
+      if (!live) continue;
+      const C lse = kLog ? log_c(sum) : C(0), inv = kLog ? C(0) : C(1) / sum;
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int q = k * L + l;
+        if (q >= nvec) continue;
+        uint4 w;
+        S* e = reinterpret_cast<S*>(&w);
+#pragma unroll
+        for (int j = 0; j < V; ++j) e[j] = from_c<S>(kLog ? (v[k][j] - m) - lse : v[k][j] * inv);
+        reinterpret_cast<uint4*>(y + row * n)[q] = w;
+      }
     }
   }
 }
@@ -459,7 +489,7 @@ __global__ void __launch_bounds__(kWarpRowThreads)
         const S* ye = reinterpret_cast<const S*>(&yu[k]);
         const S* ge = reinterpret_cast<const S*>(&gu[k]);
 #pragma unroll
-        for (int j = 0; j < V; ++j) sum += bwd_term<kOp, C>(to_c(ye[j]), to_c(ge[j]));
+        for (int j = 0; j < V; ++j) sum += bwd_term<kOp, S>(to_c(ye[j]), to_c(ge[j]));
       }
     }
     sum = warp_sum(sum, L);
@@ -473,7 +503,7 @@ __global__ void __launch_bounds__(kWarpRowThreads)
       uint4 u;
       S* e = reinterpret_cast<S*>(&u);
 #pragma unroll
-      for (int j = 0; j < V; ++j) e[j] = from_c<S>(bwd_out<kOp, C>(to_c(ye[j]), to_c(ge[j]), sum));
+      for (int j = 0; j < V; ++j) e[j] = from_c<S>(bwd_out<kOp, S>(to_c(ye[j]), to_c(ge[j]), sum));
       reinterpret_cast<uint4*>(out + row * n)[q] = u;
     }
   }
@@ -492,7 +522,7 @@ __global__ void __launch_bounds__(kBlockRowThreads)
     for (i64 i = threadIdx.x; i < n; i += blockDim.x) m = max_c(m, to_c(xr[i]));
     m = block_allreduce<true>(m);
     C sum = 0;
-    for (i64 i = threadIdx.x; i < n; i += blockDim.x) sum += exp_c(to_c(xr[i]) - m);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) sum += exp_s<S>(to_c(xr[i]) - m);
     sum = block_allreduce<false>(sum);
     if constexpr (kLog) {
       const C lse = log_c(sum);
@@ -500,7 +530,7 @@ __global__ void __launch_bounds__(kBlockRowThreads)
     } else {
       const C inv = C(1) / sum;
       for (i64 i = threadIdx.x; i < n; i += blockDim.x)
-        yr[i] = from_c<S>(exp_c(to_c(xr[i]) - m) * inv);
+        yr[i] = from_c<S>(exp_s<S>(to_c(xr[i]) - m) * inv);
     }
   }
 }
@@ -514,10 +544,10 @@ __global__ void __launch_bounds__(kBlockRowThreads)
     const i64 base = row * n;
     C sum = 0;
     for (i64 i = threadIdx.x; i < n; i += blockDim.x)
-      sum += bwd_term<kOp, C>(to_c(y[base + i]), to_c(g[base + i]));
+      sum += bwd_term<kOp, S>(to_c(y[base + i]), to_c(g[base + i]));
     sum = block_allreduce<false>(sum);
     for (i64 i = threadIdx.x; i < n; i += blockDim.x)
-      out[base + i] = from_c<S>(bwd_out<kOp, C>(to_c(y[base + i]), to_c(g[base + i]), sum));
+      out[base + i] = from_c<S>(bwd_out<kOp, S>(to_c(y[base + i]), to_c(g[base + i]), sum));
   }
 }
 
@@ -534,7 +564,7 @@ __global__ void __launch_bounds__(kColThreads)
     C m = neg_inf<C>();
     for (i64 r = 0; r < n; ++r) m = max_c(m, to_c(x[base + r * inner]));
     C sum = 0;
-    for (i64 r = 0; r < n; ++r) sum += exp_c(to_c(x[base + r * inner]) - m);
+    for (i64 r = 0; r < n; ++r) sum += exp_s<S>(to_c(x[base + r * inner]) - m);
     if constexpr (kLog) {
       const C lse = log_c(sum);
       for (i64 r = 0; r < n; ++r)
@@ -542,7 +572,7 @@ __global__ void __launch_bounds__(kColThreads)
     } else {
       const C inv = C(1) / sum;
       for (i64 r = 0; r < n; ++r)
-        y[base + r * inner] = from_c<S>(exp_c(to_c(x[base + r * inner]) - m) * inv);
+        y[base + r * inner] = from_c<S>(exp_s<S>(to_c(x[base + r * inner]) - m) * inv);
     }
   }
 }
@@ -558,10 +588,10 @@ __global__ void __launch_bounds__(kColThreads)
     const i64 base = (col / inner) * n * inner + col % inner;
     C sum = 0;
     for (i64 r = 0; r < n; ++r)
-      sum += bwd_term<kOp, C>(to_c(y[base + r * inner]), to_c(g[base + r * inner]));
+      sum += bwd_term<kOp, S>(to_c(y[base + r * inner]), to_c(g[base + r * inner]));
     for (i64 r = 0; r < n; ++r) {
       const i64 i = base + r * inner;
-      out[i] = from_c<S>(bwd_out<kOp, C>(to_c(y[i]), to_c(g[i]), sum));
+      out[i] = from_c<S>(bwd_out<kOp, S>(to_c(y[i]), to_c(g[i]), sum));
     }
   }
 }
@@ -580,10 +610,12 @@ void launch_vec_rows(const SoftmaxCall& c, const S* x, const S* v, S* out, int L
   const unsigned grid = grid_for(c.outer, kWarpRowThreads / 32 * (32 / L), kMaxGrid);
   const int n = static_cast<int>(c.n);
   if (!c.backward) {
+    const unsigned fgrid =
+        grid_for(c.outer, kWarpRowThreads / 32 * (32 / L) * kVecRows<NV>, kMaxGrid);
     if (c.op == SoftmaxOp::kLogSoftmax)
-      softmax_fwd_vec<S, true, NV><<<grid, kWarpRowThreads, 0, st>>>(x, out, c.outer, n, L);
+      softmax_fwd_vec<S, true, NV><<<fgrid, kWarpRowThreads, 0, st>>>(x, out, c.outer, n, L);
     else
-      softmax_fwd_vec<S, false, NV><<<grid, kWarpRowThreads, 0, st>>>(x, out, c.outer, n, L);
+      softmax_fwd_vec<S, false, NV><<<fgrid, kWarpRowThreads, 0, st>>>(x, out, c.outer, n, L);
     return;
   }
   switch (c.op) {

@@ -137,57 +137,87 @@ void report(bool ok, const std::string& what, double err, double tol) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The kernels' float erfc and expm1 (device_math.cuh) elementwise against double precision:
-// relative error at most 1e-6 (erfc: wherever erfc(x) > 1e-30, x < 8.1), exact special values.
+// The kernels' float math (device_math.cuh) elementwise against double precision, on a fine grid
+// of [-12, 12], a coarser one of [-100, 100] and the special values:
+//   DeviceMath (float results): erfc and expm1, relative error at most 1e-6;
+//   DeviceMath16 (16-bit results): exp, expm1, gelu, relative error at most 2e-5, and gelu', whose
+//   error is bounded relative to Phi(x) + |x| phi(x) (it crosses zero near x = -0.75).
+// Relative errors count where the reference is above 1e-30 in magnitude (erfc: x < 8.1); NaN must
+// give NaN, and infinite arguments, zero results and overflows the reference exactly.
+enum class MathFn { kErfc, kExpm1, kExp16, kExpm116, kGelu16, kGeluGrad16 };
 
-__global__ void erfc_kernel(const float* x, float* y, int n) {
+__global__ void math_kernel(MathFn f, const float* x, float* y, int n) {
+  using jaxdnn::cuda::DeviceMath;
+  using jaxdnn::cuda::DeviceMath16;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = jaxdnn::cuda::DeviceMath::erfc(x[i]);
+  if (i >= n) return;
+  switch (f) {
+    case MathFn::kErfc: y[i] = DeviceMath::erfc(x[i]); break;
+    case MathFn::kExpm1: y[i] = DeviceMath::expm1(x[i]); break;
+    case MathFn::kExp16: y[i] = DeviceMath16::exp(x[i]); break;
+    case MathFn::kExpm116: y[i] = DeviceMath16::expm1(x[i]); break;
+    case MathFn::kGelu16: y[i] = DeviceMath16::gelu(x[i]); break;
+    case MathFn::kGeluGrad16: y[i] = DeviceMath16::gelu_grad(x[i]); break;
+  }
 }
-__global__ void expm1_kernel(const float* x, float* y, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = jaxdnn::cuda::DeviceMath::expm1(x[i]);
-}
+
+double normal_cdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+double normal_pdf(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI); }
 
 void check_device_math() {
   std::vector<float> x;
   for (double v = -12.0; v <= 12.0; v += 1.0 / 4096) x.push_back(static_cast<float>(v));
+  for (double v = -100.0; v <= 100.0; v += 1.0 / 64) x.push_back(static_cast<float>(v));
   x.insert(x.end(), {-INFINITY, INFINITY, NAN, 0.0f, -0.0f, 1e-30f, -1e-30f});
   const int n = static_cast<int>(x.size());
   float *dx, *dy;
   CK(cudaMalloc(&dx, n * 4));
   CK(cudaMalloc(&dy, n * 4));
   CK(cudaMemcpy(dx, x.data(), n * 4, cudaMemcpyHostToDevice));
-  erfc_kernel<<<(n + 255) / 256, 256>>>(dx, dy, n);
-  std::vector<float> y(n), y1(n);
-  CK(cudaMemcpy(y.data(), dy, n * 4, cudaMemcpyDeviceToHost));
-  expm1_kernel<<<(n + 255) / 256, 256>>>(dx, dy, n);
-  CK(cudaMemcpy(y1.data(), dy, n * 4, cudaMemcpyDeviceToHost));
+  struct Case {
+    MathFn f;
+    const char* name;
+    double (*ref)(double);
+    double (*scale)(double);  // the error bound's unit; nullptr: |ref|
+    double tol;
+  };
+  const Case cases[] = {
+      {MathFn::kErfc, "DeviceMath::erfc", [](double v) { return std::erfc(v); }, nullptr, 1e-6},
+      {MathFn::kExpm1, "DeviceMath::expm1", [](double v) { return std::expm1(v); }, nullptr, 1e-6},
+      {MathFn::kExp16, "DeviceMath16::exp", [](double v) { return std::exp(v); }, nullptr, 2e-5},
+      {MathFn::kExpm116, "DeviceMath16::expm1", [](double v) { return std::expm1(v); }, nullptr,
+       2e-5},
+      {MathFn::kGelu16, "DeviceMath16::gelu", [](double v) { return v * normal_cdf(v); }, nullptr,
+       2e-5},
+      {MathFn::kGeluGrad16, "DeviceMath16::gelu_grad",
+       [](double v) { return normal_cdf(v) + v * normal_pdf(v); },
+       [](double v) { return normal_cdf(v) + std::fabs(v) * normal_pdf(v); }, 2e-5},
+  };
+  std::vector<float> y(n);
+  for (const Case& c : cases) {
+    math_kernel<<<(n + 255) / 256, 256>>>(c.f, dx, dy, n);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(y.data(), dy, n * 4, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    bool special = true;
+    for (int i = 0; i < n; ++i) {
+      const double xi = x[i], ref = c.ref(xi);
+      if (std::isnan(ref) || std::isnan(y[i])) {
+        special &= std::isnan(ref) == std::isnan(y[i]);
+      } else if (std::isinf(xi) || ref == 0.0 || std::fabs(ref) > 3.4e38) {
+        special &= static_cast<double>(y[i]) == static_cast<double>(static_cast<float>(ref));
+      } else {
+        const double unit = c.scale ? c.scale(xi) : std::fabs(ref);
+        if (unit > 1e-30) worst = std::max(worst, std::fabs(y[i] - ref) / unit);
+      }
+    }
+    report(special && worst <= c.tol,
+           std::string(c.name) + " (special values " + (special ? "ok" : "WRONG") + ")", worst,
+           c.tol);
+    printf("%s worst relative error %.3e over %d points\n", c.name, worst, n);
+  }
   CK(cudaFree(dx));
   CK(cudaFree(dy));
-  double worst = 0;
-  bool special = true;
-  for (int i = 0; i < n; ++i) {
-    const double ref = std::erfc(static_cast<double>(x[i]));
-    if (std::isnan(x[i])) special &= std::isnan(y[i]);
-    else if (std::isinf(x[i])) special &= y[i] == static_cast<float>(ref);
-    else if (ref > 1e-30) worst = std::max(worst, std::fabs(y[i] - ref) / ref);
-  }
-  report(special && worst <= 1e-6, "DeviceMath::erfc float (special values " +
-         std::string(special ? "ok" : "WRONG") + ")", worst, 1e-6);
-  printf("DeviceMath::erfc worst relative error %.3e over %d points\n", worst, n);
-  // expm1 on [-12, 12] and the specials (-inf -> -1, inf -> inf, NaN, +-0 exact, tiny x -> x).
-  double worst1 = 0;
-  bool special1 = true;
-  for (int i = 0; i < n; ++i) {
-    const double ref = std::expm1(static_cast<double>(x[i]));
-    if (std::isnan(x[i])) special1 &= std::isnan(y1[i]);
-    else if (std::isinf(x[i]) || x[i] == 0.0f) special1 &= y1[i] == static_cast<float>(ref);
-    else worst1 = std::max(worst1, std::fabs(y1[i] - ref) / std::fabs(ref));
-  }
-  report(special1 && worst1 <= 1e-6, "DeviceMath::expm1 float (special values " +
-         std::string(special1 ? "ok" : "WRONG") + ")", worst1, 1e-6);
-  printf("DeviceMath::expm1 worst relative error %.3e over %d points\n", worst1, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -397,9 +427,16 @@ void bench() {
     CK(cudaMalloc(&a, bytes));
     CK(cudaMalloc(&b, bytes));
     CK(cudaMalloc(&c, bytes));
-    CK(cudaMemset(a, 0x3f, bytes));  // bf16 0x3f3f = 0.746...
-    CK(cudaMemset(b, 0x3e, bytes));
-    for (int k : {1, 5, 7, 9}) {  // relu, sigmoid, gelu (exact), silu
+    {  // normal values (both signs: elu and gelu take different branches), not constants
+      std::mt19937 rng(7);
+      std::normal_distribution<float> normal(0.0f, 2.0f);
+      std::vector<__nv_bfloat16> h(sh.n);
+      for (auto& v : h) v = __float2bfloat16(normal(rng));
+      CK(cudaMemcpy(a, h.data(), bytes, cudaMemcpyHostToDevice));
+      for (auto& v : h) v = __float2bfloat16(normal(rng));
+      CK(cudaMemcpy(b, h.data(), bytes, cudaMemcpyHostToDevice));
+    }
+    for (int k : {1, 4, 5, 7, 9}) {  // relu, elu, sigmoid, gelu (exact), silu
       for (int derivative = 0; derivative <= 1; ++derivative) {
         ActivationCall call;
         call.activation = static_cast<Activation>(k);
