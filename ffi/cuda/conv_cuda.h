@@ -72,8 +72,10 @@ std::string winograd_run(const CudaConvCall& c, const CudaConvBuffers& io);
 // jaxdnn_winograd_filter call): per (point, group) a zero-padded Cgp x Kgp matrix in the compute
 // type (float32; float64 for float64), dims {(m + 2)^2, G, round_up(Cig, 8), round_up(Cog, 8)}.
 // The tile edge m of `algo` for (op, p): NONFUSED p.tile when set (2, 4, 6; 6 for float32 /
-// float64 operands only), else 4 unless the pass output is < 4 on a side; WINOGRAD always 2.
-int winograd_tile(ConvOp op, ConvAlgo algo, const ConvProblem& p);
+// float64 operands only), else 4 unless the pass output is < 4 on a side; WINOGRAD p.tile when
+// set (2, or 4: the tensor-core F(4x4) kernel, channels-last and float compute only), else 2
+// (4 under JAXDNN_WINO_FUSED_TILE=4 where the F(4x4) kernel applies; backward-filter always 2).
+int winograd_tile(const CudaConvCall& c);
 void winograd_filter_dims(int tile, long long G, long long Cig, long long Cog, int64_t dims[4]);
 // The tile and dims of U that a takes_winograd_filter call takes.
 void winograd_filter_shape(const CudaConvCall& c, int* tile, int64_t dims[4]);

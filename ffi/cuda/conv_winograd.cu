@@ -588,6 +588,17 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* src, bool ok)
                "r"(ok ? 16 : 0));
 #endif
 }
+// The same through L1 (cp.async.ca): for sources that neighbouring copies of one CTA read again
+// (the overlapping input windows of adjacent Winograd tiles).
+__device__ __forceinline__ void cp_async16_ca(void* smem, const void* src, bool ok) {
+#ifdef JAXDNN_WINO_EMULATION
+  cp_async16(smem, src, ok);
+#else
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+               "r"(ok ? 16 : 0));
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() {
 #ifndef JAXDNN_WINO_EMULATION
   asm volatile("cp.async.commit_group;\n" ::);
@@ -971,6 +982,91 @@ __global__ void __launch_bounds__(kThreads, WINO_GEMM_MINB) gemm_kernel(GemmArgs
 }
 
 // ---------------------------------------------------------------------------------------------
+// TF32 tensor-core helpers ("3xTF32", below): the operand split and the m16n8k8 MMA. Under host
+// emulation (tests/cuda/winograd/emu) the MMA is computed by the warp's lanes from fragments they
+// publish in shared scratch (lane = 4 g + t holds A (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4),
+// B (k = t, n = g), (t + 4, g) and C/D (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)), with
+// fp32 sums in k order: the fragment mapping is checked, not the hardware's rounding.
+#ifdef JAXDNN_WINO_EMULATION
+inline uint32_t emu_tf32_rna(float x) {  // round to nearest, ties away; 10 fraction bits kept
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  return u;
+}
+inline float emu_f(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                    const float (&c)[4]) {
+  struct Frag {
+    uint32_t a[4], b[2];
+  };
+  static Frag frags[32][32];  // [warp][lane]; one block runs at a time
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  Frag& mine = frags[warp][lane];
+  for (int r = 0; r < 4; ++r) mine.a[r] = a[r];
+  mine.b[0] = b0, mine.b[1] = b1;
+  __syncwarp();
+  float out[4];
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + (r / 2) * 8, col = 2 * t + r % 2;
+    float sum = c[r];
+    for (int k = 0; k < 8; ++k) {
+      const float av = emu_f(frags[warp][(row % 8) * 4 + k % 4].a[row / 8 + 2 * (k / 4)]);
+      const float bv = emu_f(frags[warp][col * 4 + k % 4].b[k / 4]);
+      sum += av * bv;
+    }
+    out[r] = sum;
+  }
+  __syncwarp();
+  for (int r = 0; r < 4; ++r) d[r] = out[r];
+}
+#endif
+
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+#ifdef JAXDNN_WINO_EMULATION
+  big = emu_tf32_rna(x);
+  small = emu_tf32_rna(x - emu_f(big));
+#else
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(x));
+  const float rest = x - __uint_as_float(big);
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(rest));
+#endif
+}
+
+// d = a * b (a zero accumulator), m16n8k8 TF32.
+__device__ __forceinline__ void mma_tf32_first(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+#ifdef JAXDNN_WINO_EMULATION
+  const float zero[4] = {};
+  emu_mma(d, a, b0, b1, zero);
+#else
+  const float zero = 0.f;
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(zero));
+#endif
+}
+
+// d += a * b, m16n8k8 TF32 (not volatile: the compiler may interleave independent products).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+#ifdef JAXDNN_WINO_EMULATION
+  const float c[4] = {d[0], d[1], d[2], d[3]};
+  emu_mma(d, a, b0, b1, c);
+#else
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // The same batched GEMM on the tensor cores for float compute (Tc = float: float32 operands, and
 // bf16/f16 operands, whose transforms are float): "3xTF32". Each operand value x splits into
 // big = tf32(x) (cvt.rna, 11 significant bits) and small = tf32(x - big) (the next 11), and
@@ -1019,31 +1115,6 @@ template <bool A_KMAJOR, bool WIDE>
 constexpr size_t tc_smem_bytes() {
   return size_t{tc_stages<WIDE>()} * (tc_a_floats<A_KMAJOR>() + tc_b_floats<WIDE>()) *
          sizeof(float);
-}
-
-__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(x));
-  const float rest = x - __uint_as_float(big);
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(rest));
-}
-
-// d = a * b (a zero accumulator), m16n8k8 TF32.
-__device__ __forceinline__ void mma_tf32_first(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-  const float zero = 0.f;
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%10,%10,%10,%10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(zero));
-}
-
-// d += a * b, m16n8k8 TF32 (not volatile: the compiler may interleave independent products).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 template <bool A_KMAJOR, bool WIDE>
@@ -1382,6 +1453,215 @@ fused_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, Pass ps, i
 }
 
 // ---------------------------------------------------------------------------------------------
+// WINOGRAD (fused) F(4x4,3x3) on the tensor cores (float compute: float32, bf16, f16 operands),
+// forward-shaped passes (forward, backward-data on dy). One kernel, nothing through global
+// memory but the input, U (the jaxdnn_winograd_filter operand) and the output:
+//   CTA = 32 tiles (any 32 consecutive linear tiles) x 32 pass output channels of one group,
+//   12 warps; warp w owns the points xi = 3w .. 3w + 2 and keeps their 32 x 32 sums in registers
+//   (96 fp32 per thread). Per chunk of 8 input channels:
+//     1. cp.async (two stages, the next chunk's copies in flight during this chunk's work): the
+//        32 tiles' 6 x 6 x 8 input windows (raw, in the operand's dtype, zero-filled outside the
+//        image) and U's 36 x 8 x 32 slice;
+//     2. each of 256 threads transforms one (tile, channel) window, V = BT d BT^T, into Vs;
+//     3. per point, the 32 x 8 x 32 product as 2 x 4 m16n8k8 3xTF32 MMAs (gemm_tc_kernel's
+//        split), each (m16, n8) block's three MMAs into a zeroed partial that is added to the
+//        sums in fp32 (round to nearest; the tensor cores truncate when they add).
+//   Then the sums go through shared memory (Ms) and each thread makes Y = AT M AT^T of (tile,
+//   channel) pairs, cropped, in the output dtype.
+// Scope: channels-last, pass input channels per group a multiple of 8 (whole 16-byte chunks);
+// fused_tc_refusal says why otherwise. Every sum runs over the channels in a fixed order.
+// Shared memory (fp32 operands): 2 x (37 KB raw + 45 KB U) + 54 KB V = 218 KB (bf16: 181 KB); Ms
+// (162 KB) overlays the stages after the last chunk. One CTA per SM.
+// 12 warps, 3 points each: the register file is split between the SM's four schedulers, so 9
+// warps would get the registers of 12 (168 a thread: the 4-point warps' sums spilled).
+constexpr int kFtTiles = 32, kFtK = 32, kFtC = 8, kFtWarps = 12, kFtThreads = 32 * kFtWarps;
+constexpr int kFtPoints = 36 / kFtWarps;  // points per warp
+constexpr int kFtRawP = 36 * kFtC + 8;  // raw window stride (elements) of a tile, padded
+constexpr int kFtUL = kFtK + 8;         // Us row (pass output channels), padded: B reads 8t + g
+constexpr int kFtVL = kFtC + 4;         // Vs row (input channels), padded: A reads 12 g + t
+constexpr int kFtML = kFtK + 4;         // Ms row
+static_assert(kFtWarps * kFtPoints == 36 && kFtTiles * kFtC <= kFtThreads, "fused TC layout");
+template <typename T>
+constexpr size_t ft_raw_bytes() {
+  return size_t{kFtTiles} * kFtRawP * sizeof(T);
+}
+constexpr size_t kFtUBytes = size_t{36} * kFtC * kFtUL * 4;
+constexpr size_t kFtVBytes = size_t{36} * kFtTiles * kFtVL * 4;
+constexpr size_t kFtMBytes = size_t{36} * kFtTiles * kFtML * 4;
+template <typename T>
+constexpr size_t ft_smem_bytes() {
+  return std::max(2 * (ft_raw_bytes<T>() + kFtUBytes) + kFtVBytes, kFtMBytes);
+}
+
+// Stage chunk ch (8 input channels) of fused_tc_kernel's operands into buffer st: the 32 tiles'
+// 6 x 6 input windows (zero-filled outside the image) and U's 36 x 8 x 32 slice.
+template <typename T>
+__device__ __forceinline__ void ft_issue(int st, int ch, const T* __restrict__ in,
+                                         const float* __restrict__ U, const float* Ug,
+                                         const Pass& ps, i64 k0, const i64* t_base,
+                                         const int* t_h0, const int* t_w0, T* raw_s,
+                                         float* us_s) {
+  constexpr int TT = kFtTiles, KB = kFtK, CC = kFtC, PX = 16 / sizeof(T), PPX = CC / PX;
+  const int tid = threadIdx.x;
+  const int H = static_cast<int>(ps.H), W = static_cast<int>(ps.W);
+  const i64 c0 = i64{ch} * CC, point = ps.G * ps.Cgp * ps.Kgp;
+  T* const raw = raw_s + st * TT * kFtRawP;
+#pragma unroll 2
+  for (int q = tid; q < TT * 36 * PPX; q += kFtThreads) {
+    const int part = q % PPX, pix = q / PPX % 36, tl = q / (PPX * 36);
+    const int h = t_h0[tl] + pix / 6, w = t_w0[tl] + pix % 6;
+    const bool ok = h >= 0 && h < H && w >= 0 && w < W;
+    const T* src = ok ? in + t_base[tl] + h * ps.is.sp[1] + w * ps.is.sp[2] + c0 + part * PX : in;
+    cp_async16_ca(raw + tl * kFtRawP + pix * CC + part * PX, src, ok);
+  }
+  float* const us = us_s + st * 36 * CC * kFtUL;
+#pragma unroll 2
+  for (int q = tid; q < 36 * CC * (KB / 4); q += kFtThreads) {
+    const int part = q % (KB / 4), c = q / (KB / 4) % CC, xi = q / (KB / 4 * CC);
+    const i64 k = k0 + part * 4;
+    const bool ok = k < ps.Kgp;  // Kgp is a multiple of 8: a 4-column chunk is whole
+    cp_async16(us + (xi * CC + c) * kFtUL + part * 4,
+               ok ? Ug + xi * point + (c0 + c) * ps.Kgp + k : U, ok);
+  }
+  cp_async_commit();
+}
+
+template <typename T, typename To>
+__global__ void __launch_bounds__(kFtThreads, 1)
+fused_tc_kernel(const T* __restrict__ in, const float* __restrict__ U, Pass ps, i64 tiles,
+                i64 tblocks, i64 kblocks, To* __restrict__ out) {
+  constexpr int TT = kFtTiles, KB = kFtK, CC = kFtC;
+#ifdef JAXDNN_WINO_EMULATION
+  alignas(16) static unsigned char smem[ft_smem_bytes<T>()];
+#else
+  extern __shared__ __align__(16) unsigned char smem[];
+#endif
+  T* const raw_s = reinterpret_cast<T*>(smem);                          // [2][TT][kFtRawP]
+  float* const us_s = reinterpret_cast<float*>(smem + 2 * ft_raw_bytes<T>());  // [2][36][CC][UL]
+  float* const vs = us_s + 2 * 36 * CC * kFtUL;                         // [36][TT][VL]
+  float* const ms = reinterpret_cast<float*>(smem);                     // [36][TT][ML], at the end
+  WINO_SMEM i64 t_base[TT];  // the tile's plane and group channel offset in `in`
+  WINO_SMEM int t_h0[TT], t_w0[TT];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
+  const i64 blk = blockIdx.x;
+  const i64 tb = blk % tblocks, kb = blk / tblocks % kblocks, gr = blk / (tblocks * kblocks);
+  const i64 tile0 = tb * TT, k0 = kb * KB;
+  if (tid < TT) {
+    const i64 t = tile0 + tid;
+    if (t < tiles) {
+      const i64 pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
+      t_base[tid] = ps.plane_off(ps.is, pl) + gr * ps.Cig;
+      t_h0[tid] = static_cast<int>(ti * 4 - ps.pad_h), t_w0[tid] = static_cast<int>(tj * 4 - ps.pad_w);
+    } else {  // past the last tile: every window row outside the image (zero-filled)
+      t_base[tid] = 0, t_h0[tid] = -(1 << 30), t_w0[tid] = 0;
+    }
+  }
+  __syncthreads();
+  const float* const Ug = U + gr * ps.Cgp * ps.Kgp;
+  const int nchunks = static_cast<int>(ps.Cgp / CC);  // Cgp = Cig here (a multiple of 8)
+
+
+  float acc[kFtPoints][TT / 16][KB / 8][4] = {};
+  ft_issue(0, 0, in, U, Ug, ps, k0, t_base, t_h0, t_w0, raw_s, us_s);
+#pragma unroll 1
+  for (int ch = 0; ch < nchunks; ++ch) {
+    cp_async_wait<0>();
+    __syncthreads();  // chunk ch landed for all; every warp is done with Vs and stage ch + 1
+    if (ch + 1 < nchunks)
+      ft_issue((ch + 1) & 1, ch + 1, in, U, Ug, ps, k0, t_base, t_h0, t_w0, raw_s, us_s);
+    if (tid < TT * CC) {
+      const int tl = tid / CC, cc = tid % CC;
+      const T* r = raw_s + (ch & 1) * TT * kFtRawP + tl * kFtRawP + cc;
+      // sandwich() by hand, a window column at a time: 36 + 12 live values beside the sums.
+      float tmp[6][6];
+#pragma unroll
+      for (int v = 0; v < 6; ++v) {
+        float col[6], res[6];
+#pragma unroll
+        for (int u = 0; u < 6; ++u) col[u] = load_as<float>(r + (u * 6 + v) * CC);
+        Tr<4>::bt(col, res);
+#pragma unroll
+        for (int i = 0; i < 6; ++i) tmp[i][v] = res[i];
+      }
+      float* dst = vs + tl * kFtVL + cc;
+#pragma unroll
+      for (int i = 0; i < 6; ++i) {
+        float res[6];
+        Tr<4>::bt(tmp[i], res);
+#pragma unroll
+        for (int j = 0; j < 6; ++j) dst[(i * 6 + j) * TT * kFtVL] = res[j];
+      }
+    }
+    __syncthreads();
+    const float* const us = us_s + (ch & 1) * 36 * CC * kFtUL;
+#pragma unroll
+    for (int pp = 0; pp < kFtPoints; ++pp) {
+      const int xi = warp * kFtPoints + pp;
+      const float* va = vs + xi * TT * kFtVL + g8 * kFtVL + t4;
+      const float* ub = us + xi * CC * kFtUL + t4 * kFtUL + g8;
+      uint32_t ab[TT / 16][4], as[TT / 16][4], bb[KB / 8][2], bs[KB / 8][2];
+#pragma unroll
+      for (int i = 0; i < TT / 16; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)  // (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+          split_tf32(va[(i * 16 + (r % 2) * 8) * kFtVL + (r / 2) * 4], ab[i][r], as[i][r]);
+#pragma unroll
+      for (int j = 0; j < KB / 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)  // (k = t, n = g), (t + 4, g)
+          split_tf32(ub[r * 4 * kFtUL + j * 8], bb[j][r], bs[j][r]);
+#pragma unroll
+      for (int i = 0; i < TT / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < KB / 8; ++j) {
+          float part[4];
+          mma_tf32_first(part, as[i], bb[j][0], bb[j][1]);
+          mma_tf32(part, ab[i], bs[j][0], bs[j][1]);
+          mma_tf32(part, ab[i], bb[j][0], bb[j][1]);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[pp][i][j][r] += part[r];
+        }
+    }
+  }
+  __syncthreads();  // Ms overlays the stages and Vs
+#pragma unroll
+  for (int pp = 0; pp < kFtPoints; ++pp) {
+    float* m = ms + (warp * kFtPoints + pp) * TT * kFtML;
+#pragma unroll
+    for (int i = 0; i < TT / 16; ++i)
+#pragma unroll
+      for (int j = 0; j < KB / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // c0, c1: (row g, cols 2t, 2t + 1); c2, c3: row g + 8
+          float* dst = m + (i * 16 + g8 + h * 8) * kFtML + j * 8 + 2 * t4;
+          dst[0] = acc[pp][i][j][2 * h], dst[1] = acc[pp][i][j][2 * h + 1];
+        }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < TT * KB; idx += kFtThreads) {
+    const int kk = idx % KB, tl = idx / KB;
+    const i64 t = tile0 + tl, k = k0 + kk;
+    if (t >= tiles || k >= ps.Cog) continue;
+    float mv[6][6], y[4][4];
+#pragma unroll
+    for (int xi = 0; xi < 36; ++xi) mv[xi / 6][xi % 6] = ms[(xi * TT + tl) * kFtML + kk];
+    sandwich(mv, y, [](const float* i, float* x) { Tr<4>::at(i, x); });
+    const i64 pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
+    To* dst = out + ps.plane_off(ps.os, pl) + (gr * ps.Cog + k) * ps.os.c;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const i64 p = ti * 4 + i;
+      if (p >= ps.P) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const i64 q = tj * 4 + j;
+        if (q < ps.Q) store_as(dst + p * ps.os.sp[1] + q * ps.os.sp[2], y[i][j]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Host side.
 
 std::string launch_error(const char* what) {
@@ -1614,9 +1894,53 @@ std::string nonfused_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
   return launch_error("filter gradient transform");
 }
 
+// Why fused F(4x4,3x3) (fused_tc_kernel) cannot run a forward-shaped pass, or "".
+std::string fused_tc_refusal(ConvOp op, const ConvProblem& p, DType in) {
+  if (in == DType::kF64) return "WINOGRAD F(4x4,3x3) (fused) runs on the tensor cores: not float64";
+  if (p.layout != Layout::kNHWC) return "WINOGRAD F(4x4,3x3) (fused) needs channels-last operands";
+  if (make_pass(op, p, 4).Cig % kFtC != 0)
+    return std::string("WINOGRAD F(4x4,3x3) (fused) needs ") +
+           (op == ConvOp::kBackwardData ? "output" : "input") +
+           " channels per group a multiple of 8";
+  return "";
+}
+
+// The fused family's tile: F(2x2,3x3) (fused_kernel) unless the problem asks for tile 4, or
+// JAXDNN_WINO_FUSED_TILE=4 makes F(4x4) the default where fused_tc_kernel can run it and the pass
+// output is at least 4 on a side (not yet measured on a GPU: off by default). Backward-filter
+// always runs F(2x2) (fused_wgrad_kernel; it takes no U).
+int fused_tile(ConvOp op, const ConvProblem& p, DType in) {
+  if (op == ConvOp::kBackwardFilter) return 2;
+  if (p.tile != 0) return p.tile;
+  static const bool f4 = [] {
+    const char* v = std::getenv("JAXDNN_WINO_FUSED_TILE");
+    return v != nullptr && std::strcmp(v, "4") == 0;
+  }();
+  if (!f4 || !fused_tc_refusal(op, p, in).empty()) return 2;
+  const Pass ps = make_pass(op, p, 4);
+  return std::min(ps.P, ps.Q) >= 4 ? 4 : 2;
+}
+
+template <typename T, typename To>
+std::string fused_tc_pass(const CudaConvCall& c, const CudaConvBuffers& io) {
+  const Pass ps = make_pass(c.op, c.problem, 4);
+  const i64 tiles = tiles_of(ps);
+  if (tiles == 0 || ps.P == 0 || ps.Q == 0) return "";
+  const i64 tblocks = ceil_div(tiles, kFtTiles), kblocks = ceil_div(ps.Cog, kFtK);
+  constexpr size_t smem = ft_smem_bytes<T>();
+  gemm_smem_optin(fused_tc_kernel<T, To>, smem);
+  fused_tc_kernel<T, To><<<tblocks * kblocks * ps.G, kFtThreads, smem, io.stream>>>(
+      static_cast<const T*>(io.a), static_cast<const float*>(io.b), ps, tiles, tblocks, kblocks,
+      static_cast<To*>(io.out));
+  return launch_error("fused F(4x4)");
+}
+
 template <typename T, typename To, typename Tc>
 std::string fused_pass(const CudaConvCall& c, const CudaConvBuffers& io) {
   const ConvProblem& p = c.problem;
+  if constexpr (std::is_same_v<Tc, float>) {
+    if (fused_tile(c.op, p, c.in) == 4) return fused_tc_pass<T, To>(c, io);
+  }
   const Pass ps = make_pass(c.op, p, 2);
   const i64 tiles = tiles_of(ps);
   if (tiles == 0 || ps.P == 0 || ps.Q == 0) return "";
@@ -1691,6 +2015,12 @@ std::string winograd_can_implement(const CudaConvCall& c) {
   if (p.G > 50000) return "Winograd kernels support at most 50000 groups";
   // F(6x6) is instantiated for float32 and float64 operands only (compile time; 16-bit operands
   // gain nothing from its speed that their output rounding would not hide).
+  if (c.algo == ConvAlgo::kWinograd) {
+    if (p.tile != 0 && p.tile != 2 && p.tile != 4)
+      return "WINOGRAD (fused) runs F(2x2,3x3) or F(4x4,3x3) (tile 2 or 4)";
+    if (p.tile == 4 && c.op != ConvOp::kBackwardFilter) return fused_tc_refusal(c.op, p, c.in);
+    return "";
+  }
   if (p.tile == 6 && c.in != DType::kF32 && c.in != DType::kF64)
     return "WINOGRAD_NONFUSED F(6x6,3x3) runs float32 and float64 operands on CUDA (use tile 2 or "
            "4, or the default, for 16-bit operands)";
@@ -1720,8 +2050,8 @@ size_t winograd_workspace_bytes(const CudaConvCall& c) {
   return static_cast<size_t>(elems) * tc;
 }
 
-int winograd_tile(ConvOp op, ConvAlgo algo, const ConvProblem& p) {
-  return algo == ConvAlgo::kWinograd ? 2 : tile_m(op, p);
+int winograd_tile(const CudaConvCall& c) {
+  return c.algo == ConvAlgo::kWinograd ? fused_tile(c.op, c.problem, c.in) : tile_m(c.op, c.problem);
 }
 
 void winograd_filter_dims(int tile, i64 G, i64 Cig, i64 Cog, int64_t dims[4]) {
@@ -1732,7 +2062,7 @@ void winograd_filter_dims(int tile, i64 G, i64 Cig, i64 Cog, int64_t dims[4]) {
 void winograd_filter_shape(const CudaConvCall& c, int* tile, int64_t dims[4]) {
   const ConvProblem& p = c.problem;
   const bool flip = c.op == ConvOp::kBackwardData;
-  *tile = winograd_tile(c.op, c.algo, p);
+  *tile = winograd_tile(c);
   winograd_filter_dims(*tile, p.G, flip ? p.Kg() : p.Cg(), flip ? p.Cg() : p.Kg(), dims);
 }
 

@@ -200,7 +200,7 @@ bool g_verbose = false;  // print ok lines too (VERBOSE=1, and the bench's error
 
 // The tile F(m x m) NONFUSED uses for this pass (the CPU's rule), for the log line.
 int tile_of(const ConvProblem& p, int op, ConvAlgo algo) {
-  if (algo == ConvAlgo::kWinograd) return 2;
+  if (algo == ConvAlgo::kWinograd) return op != 2 && p.tile == 4 ? 4 : 2;
   if (p.tile != 0) return p.tile;
   const int64_t P = op == 1 ? p.in[1] : p.out[1], Q = op == 1 ? p.in[2] : p.out[2];
   return std::min(P, Q) >= 4 ? 4 : 2;
@@ -251,7 +251,8 @@ struct Variant {
 const Variant kVariants[] = {{"NONFUSED", ConvAlgo::kWinogradNonfused, 0},
                              {"FUSED", ConvAlgo::kWinograd, 0},
                              {"NF_F6", ConvAlgo::kWinogradNonfused, 6},
-                             {"NF_F2", ConvAlgo::kWinogradNonfused, 2}};
+                             {"NF_F2", ConvAlgo::kWinogradNonfused, 2},
+                             {"FUSED_F4", ConvAlgo::kWinograd, 4}};
 // rel of every fp32 case run, by "case|variant|op" (the BENCH lines print it beside the time).
 std::map<std::string, double> g_rel;
 bool g_skip_fused = false;  // sweep mode: the NONFUSED variants only
@@ -287,6 +288,18 @@ void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
         const bool ok = why.find("F(6x6") != std::string::npos;
         if (!ok) {
           printf("FAIL %-26s %s %s %s: expected the F(6x6) dtype refusal, got '%s'\n", cs.name,
+                 an, opname[op], dname(in), why.c_str());
+          g_fail++;
+        }
+        continue;
+      }
+      if (algo == ConvAlgo::kWinograd && var.tile == 4 && op == 2) continue;  // = FUSED's F(2x2)
+      if (algo == ConvAlgo::kWinograd && var.tile == 4 &&
+          (in == DType::kF64 || p.layout != Layout::kNHWC ||
+           (op == 1 ? p.K : p.C) / p.G % 8 != 0)) {
+        // The tensor-core F(4x4) kernel's scope: the refusal must say why.
+        if (why.find("F(4x4") == std::string::npos) {
+          printf("FAIL %-26s %s %s %s: expected the F(4x4) scope refusal, got '%s'\n", cs.name,
                  an, opname[op], dname(in), why.c_str());
           g_fail++;
         }
@@ -364,13 +377,22 @@ std::vector<Case> cases() {
       {"nchw_c72_k264", C, 2, 1, 72, 264, 1, {9, 6}, {3, 3}, {1, 1}, {1, 1}},
       // many tiles: several GEMM M blocks, wgrad splits
       {"nhwc_many_tiles", H, 2, 4, 8, 8, 1, {64, 64}, {3, 3}, {1, 1}, {1, 1}},
+      // inside the tensor-core fused F(4x4) scope (channels-last, channels per group % 8 == 0):
+      // groups, negative / asymmetric padding, an image smaller than a tile, depth slices,
+      // K past one 32-channel block with a tail, 16 chunks of 8 channels
+      {"nhwc_g3_c24_k48", H, 2, 2, 24, 48, 3, {11, 9}, {3, 3}, {1, 1}, {1, 1}},
+      {"nhwc_c8_negpad_asym", H, 2, 2, 8, 8, 1, {10, 11}, {3, 3}, {-1, 3}, {2, -1}},
+      {"nhwc_c8_img2x3", H, 2, 3, 8, 16, 1, {2, 3}, {3, 3}, {1, 1}, {1, 1}},
+      {"nhwc_c8_3d_slices", H, 3, 2, 8, 8, 1, {3, 6, 9}, {1, 3, 3}, {0, 1, 1}, {0, 1, 1}},
+      {"nhwc_c128_k40_tiles", H, 2, 3, 128, 40, 1, {13, 21}, {3, 3}, {1, 1}, {1, 1}},
       {"nchw_many_tiles", C, 2, 2, 16, 24, 1, {46, 50}, {3, 3}, {1, 1}, {1, 1}},
   };
 }
 
 const char* kQuick[] = {"nhwc_c3_k5_odd", "nchw_negpad_asym", "nhwc_groups3", "nhwc_img2x3",
                         "nhwc_3d_slices", "nhwc_c40_k136", "nchw_c1_k3_valid",
-                        "nhwc_c264_k72"};
+                        "nhwc_c264_k72", "nhwc_g3_c24_k48", "nhwc_c8_negpad_asym",
+                        "nhwc_c8_img2x3"};
 
 // Refusals: each must come back with a reason naming what is wrong.
 void check_refusals() {
@@ -404,10 +426,12 @@ void check_refusals() {
     pt.tile = 6;
     std::string why = wino_can_implement({ConvOp::kForward, ConvAlgo::kWinograd, pt, DType::kF32,
                                           DType::kF32, MathPrecision::kHighest});
-    // winograd_can_implement alone does not see the family/tile pairing (conv_cuda.cu's
-    // common_checks does, through tile_unsupported): check the shared predicate here.
-    if (why.empty()) why = tile_unsupported(ConvAlgo::kWinograd, pt);
-    bool ok = why.find("takes no output tile") != std::string::npos;
+    // winograd_can_implement refuses the tiles the fused family has no kernel for (it runs 2 and
+    // 4 from C++ callers); through conv_cuda.cu's common_checks, tile_unsupported refuses every
+    // explicit tile of the fused family (the API does not offer one): both must refuse.
+    bool ok = why.find("F(2x2,3x3) or F(4x4,3x3)") != std::string::npos &&
+              tile_unsupported(ConvAlgo::kWinograd, pt).find("takes no output tile") !=
+                  std::string::npos;
     printf("%s refuse fused+tile   '%s'\n", ok ? "ok  " : "FAIL", why.c_str());
     if (!ok) g_fail++;
     pt.tile = 3;
@@ -524,6 +548,7 @@ void bench(const Layer& L, DType T, Layout layout, const Variant& var, FILE* csv
   for (int op = 0; op < 3; ++op) {
     const CudaConvCall call{(ConvOp)op, algo, p, T, T, MathPrecision::kHighest};
     if (!wino_can_implement(call).empty()) continue;
+    if (algo == ConvAlgo::kWinograd && var.tile == 4 && op == 2) continue;  // FUSED's F(2x2)
     const size_t ws = wino_workspace_bytes(call);
     void* wsp = nullptr;
     if (ws) CK(cudaMalloc(&wsp, ws));
@@ -660,6 +685,7 @@ int main(int argc, char** argv) {
     const Variant& nf = kVariants[0];
     const Variant& fused = kVariants[1];
     const Variant& f6 = kVariants[2];
+    const Variant& f4 = kVariants[4];  // fused F(4x4) on the tensor cores
     for (const Layer& L : layers) {
       bench(L, DType::kF32, Layout::kNHWC, nf, csv);
       bench(L, DType::kF32, Layout::kNHWC, f6, csv);  // F(6x6) beside F(4x4)
@@ -667,6 +693,8 @@ int main(int argc, char** argv) {
       bench(L, DType::kF32, Layout::kNCHW, f6, csv);
       bench(L, DType::kBF16, Layout::kNHWC, nf, csv);
       bench(L, DType::kF32, Layout::kNHWC, fused, csv);
+      bench(L, DType::kF32, Layout::kNHWC, f4, csv);
+      bench(L, DType::kBF16, Layout::kNHWC, f4, csv);
     }
     if (csv) fclose(csv);
   }

@@ -1,12 +1,15 @@
 // Emulated CUDA runtime for running conv_winograd.cu's kernels on the host (../emulate.sh).
 // A launch starts blockDim threads once; they run the blocks one after another, meeting at a
-// real barrier for __syncthreads and at the end of each block. Shared arrays are function-static
+// real barrier for __syncthreads and at the end of each block (and one per warp of 32 threads for
+// __syncwarp, which the tensor-core emulation in conv_winograd.cu uses). Shared arrays are function-static
 // (WINO_SMEM), so the threads of the running block share them. "Device" memory is malloc'd host
 // memory, so AddressSanitizer checks every kernel access and UBSan the vector alignments.
 // Not a CUDA: only what conv_winograd.cu and check.cu use.
 #pragma once
 
+#include <algorithm>
 #include <barrier>
+#include <memory>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +44,7 @@ enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpy
 namespace emu {
 inline thread_local dim3 thread_idx, block_idx;
 inline std::barrier<>* block_barrier = nullptr;
+inline std::vector<std::unique_ptr<std::barrier<>>>* warp_barriers = nullptr;
 inline cudaError_t last_error = cudaSuccess;
 
 template <typename... P, typename... A>
@@ -54,6 +58,10 @@ void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t sme
   }
   std::barrier<> bar(block);
   block_barrier = &bar;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  for (int w = 0; w < (block + 31) / 32; ++w)
+    warps.push_back(std::make_unique<std::barrier<>>(std::min(32, block - 32 * w)));
+  warp_barriers = &warps;
   std::vector<std::thread> pool;
   for (int t = 0; t < block; ++t)
     pool.emplace_back([&, t] {
@@ -66,6 +74,7 @@ void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t sme
     });
   for (auto& th : pool) th.join();
   block_barrier = nullptr;
+  warp_barriers = nullptr;
 }
 }  // namespace emu
 
@@ -73,6 +82,7 @@ void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t sme
 #define blockIdx (emu::block_idx)
 
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
+inline void __syncwarp() { (*emu::warp_barriers)[threadIdx.x / 32]->arrive_and_wait(); }
 
 inline cudaError_t cudaGetLastError() {
   const cudaError_t e = emu::last_error;
