@@ -143,6 +143,35 @@ def test_cuda_lowering_fast_families(algo, dtype, op):
   assert ("@jaxdnn_winograd_filter(" in text) == (uses_u and op != "grad-rhs")
 
 
+def _filter_transform_shape(text):
+  """The result type of the one jaxdnn_winograd_filter call in a lowering, e.g. "36x1x8x8xf32"."""
+  shapes = re.findall(r"@jaxdnn_winograd_filter\(.*?-> tensor<([0-9x]+x\w+)>", text)
+  assert len(shapes) == 1, shapes
+  return shapes[0]
+
+
+@needs_cuda_extension
+@pytest.mark.parametrize("case,dtype,want", [
+    ("nhwc", F32, "36x1x8x8xf32"), ("nhwc", BF16, "36x1x8x8xf32"),  # F(4x4) tensor-core kernel
+    ("nhwc", F64, "16x1x8x8xf64"),      # float64: F(2x2) in DFMA
+    ("nchw", F32, "16x1x8x8xf32"),      # channels-first: F(2x2)
+    ("nhwc-c12", F32, "16x1x16x16xf32"),  # 12 channels, not a multiple of 8: F(2x2)
+    ("nhwc-3x3", F32, "16x1x8x8xf32"),  # output smaller than one 4x4 tile: F(2x2)
+])
+def test_cuda_fused_winograd_tile(case, dtype, want):
+  """CUDA WINOGRAD runs F(4x4,3x3) on the tensor cores where that kernel applies (channels-last,
+  32/16-bit, channels per group a multiple of 8, outputs of at least 4x4) and F(2x2,3x3)
+  otherwise; the transformed filter the forward takes has the tile's a*a points."""
+  shapes = {"nhwc": ((2, 6, 6, 8), (3, 3, 8, 8), NHWC), "nchw": ((2, 8, 6, 6), (8, 8, 3, 3), NCHW),
+            "nhwc-c12": ((2, 6, 6, 12), (3, 3, 12, 12), NHWC),
+            "nhwc-3x3": ((2, 3, 3, 8), (3, 3, 8, 8), NHWC)}
+  x_shape, w_shape, dn = shapes[case]
+  x, w = rand(x_shape, dtype, seed=1), rand(w_shape, dtype, seed=2)
+  conv = functools.partial(jaxdnn.conv, window_strides=(1, 1), padding="SAME",
+                           dimension_numbers=dn, algo=jaxdnn.ConvAlgo.WINOGRAD)
+  assert _filter_transform_shape(_lower_cuda(conv, x, w)) == want
+
+
 @needs_cuda_extension
 @pytest.mark.parametrize("algo", [jaxdnn.ConvAlgo.FFT, jaxdnn.ConvAlgo.FFT_TILING],
                          ids=algo_id)

@@ -62,7 +62,8 @@ std::string wgmma_fwd_reason(const CudaConvCall& c);
 size_t wgmma_fwd_workspace_bytes(const CudaConvCall& c);
 bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string* err);
 
-// WINOGRAD (fused F(2x2,3x3)) and WINOGRAD_NONFUSED (F(4x4,3x3) / F(2x2,3x3) with batched
+// WINOGRAD (fused: F(4x4,3x3) on the tensor cores, or F(2x2,3x3)) and WINOGRAD_NONFUSED
+// (F(4x4,3x3) / F(2x2,3x3) with batched
 // GEMMs through the workspace), both algorithm ids (conv_winograd.cu)
 std::string winograd_can_implement(const CudaConvCall& c);
 size_t winograd_workspace_bytes(const CudaConvCall& c);
@@ -73,8 +74,9 @@ std::string winograd_run(const CudaConvCall& c, const CudaConvBuffers& io);
 // type (float32; float64 for float64), dims {(m + 2)^2, G, round_up(Cig, 8), round_up(Cog, 8)}.
 // The tile edge m of `algo` for (op, p): NONFUSED p.tile when set (2, 4, 6; 6 for float32 /
 // float64 operands only), else 4 unless the pass output is < 4 on a side; WINOGRAD p.tile when
-// set (2, or 4: the tensor-core F(4x4) kernel, channels-last and float compute only), else 2
-// (4 under JAXDNN_WINO_FUSED_TILE=4 where the F(4x4) kernel applies; backward-filter always 2).
+// set (2, or 4: the tensor-core F(4x4) kernel, channels-last and float compute only), else 4
+// where that kernel applies and the pass output is >= 4 on a side, else 2 (backward-filter: 2;
+// JAXDNN_WINO_FUSED_TILE=2: always 2).
 int winograd_tile(const CudaConvCall& c);
 void winograd_filter_dims(int tile, long long G, long long Cig, long long Cog, int64_t dims[4]);
 // The tile and dims of U that a takes_winograd_filter call takes.

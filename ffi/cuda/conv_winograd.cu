@@ -24,10 +24,12 @@
 //   P[s][xi][g] (+)= V[xi][tiles of split s]^T * Dy[xi][tiles of split s] (gemm_kernel, A read
 //   k-major), then dw = G^T (sum_s P[s]) G (filter_grad_kernel) with the splits added in a
 //   fixed order: no atomics, bitwise reproducible.
-// WINOGRAD (fused), F(2x2,3x3): fused_kernel takes 32 tiles x 32 output channels of a group per
-//   CTA; per block of input channels it transforms the input tiles into shared memory, loads the
-//   pre-transformed filter (U, the jaxdnn_winograd_filter operand) and accumulates the 16 point
-//   products in registers;
+// WINOGRAD (fused), forward and backward-data: F(4x4,3x3) on the tensor cores (fused_tc_kernel,
+//   below) for channels-last float32 / bf16 / f16 operands with pass input channels per group a
+//   multiple of 8 and pass outputs of at least 4 x 4 (fused_tile), else F(2x2,3x3) in FFMA/DFMA:
+//   fused_kernel takes 32 tiles x 32 output channels of a group per CTA; per block of input
+//   channels it transforms the input tiles into shared memory, loads the pre-transformed filter
+//   (U, the jaxdnn_winograd_filter operand) and accumulates the 16 point products in registers;
 //   the output transform runs on those registers. Backward-data: the same on dy with the
 //   flipped, channel-swapped filter. Backward-filter: fused_wgrad_kernel takes a slice of the
 //   tiles x 32 input x 32 output channels per CTA through both transforms and the per-point
@@ -1459,28 +1461,49 @@ fused_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, Pass ps, i
 //   CTA = 32 tiles (any 32 consecutive linear tiles) x 32 pass output channels of one group,
 //   12 warps; warp w owns the points xi = 3w .. 3w + 2 and keeps their 32 x 32 sums in registers
 //   (96 fp32 per thread). Per chunk of 8 input channels:
-//     1. cp.async (two stages, the next chunk's copies in flight during this chunk's work): the
-//        32 tiles' 6 x 6 x 8 input windows (raw, in the operand's dtype, zero-filled outside the
-//        image) and U's 36 x 8 x 32 slice;
-//     2. each of 256 threads transforms one (tile, channel) window, V = BT d BT^T, into Vs;
-//     3. per point, the 32 x 8 x 32 product as 2 x 4 m16n8k8 3xTF32 MMAs (gemm_tc_kernel's
-//        split), each (m16, n8) block's three MMAs into a zeroed partial that is added to the
-//        sums in fp32 (round to nearest; the tensor cores truncate when they add).
+//     1. cp.async, two stages (ft_issue): the 32 tiles' 6 x 6 x 8 input windows (raw, in the
+//        operand's dtype, zero-filled outside the image) and U's 36 x 8 x 32 slice;
+//     2. ft_transform: each of 256 threads transforms one (tile, channel) window,
+//        V = BT d BT^T, into Vs;
+//     3. ft_products: per point, the 32 x 8 x 32 product as 2 x 4 m16n8k8 3xTF32 MMAs
+//        (gemm_tc_kernel's split), each (m16, n8) block's three MMAs into a zeroed partial that
+//        is added to the sums in fp32 (round to nearest; the tensor cores truncate when they add).
 //   Then the sums go through shared memory (Ms) and each thread makes Y = AT M AT^T of (tile,
 //   channel) pairs, cropped, in the output dtype.
+// Two schedules (compile time, WINO_FTC_PIPE; tests/cuda/winograd/sweep.sh times both):
+//   0: per chunk c: barrier, copies of c + 1, transform c, barrier, products c. Rows padded
+//      (U 40, V 12 floats). Measured on the H200 (below).
+//   1: one barrier per chunk; transform c + 1 and products c between the same two barriers (the
+//      warps overlap the FP32 and tensor pipes), so V has two buffers too; U and V rows are
+//      XOR-swizzled instead of padded so that the six buffers fit (fp32: 223 KB). Emulated, not
+//      yet timed.
 // Scope: channels-last, pass input channels per group a multiple of 8 (whole 16-byte chunks);
-// fused_tc_refusal says why otherwise. Every sum runs over the channels in a fixed order.
-// Shared memory (fp32 operands): 2 x (37 KB raw + 45 KB U) + 54 KB V = 218 KB (bf16: 181 KB); Ms
-// (162 KB) overlays the stages after the last chunk. One CTA per SM.
+// fused_tc_refusal says why otherwise (the family then runs fused_kernel's F(2x2)). Every sum
+// runs over the channels in a fixed order, the same in both schedules.
+// H200 (schedule 0, fp32, N = 32, kernel-only): vgg_c3_2 1.97 ms, r50_c3_3x3 0.169 ms: 2.3-3x
+// fused_kernel's F(2x2), still 1.2-2.7x slower than WINOGRAD_NONFUSED
+// (benchmarks/results/gpu-h200-2026-12-01-s8.md).
 // 12 warps, 3 points each: the register file is split between the SM's four schedulers, so 9
 // warps would get the registers of 12 (168 a thread: the 4-point warps' sums spilled).
+#ifndef WINO_FTC_PIPE
+#define WINO_FTC_PIPE 0
+#endif
+constexpr bool kFtPipe = WINO_FTC_PIPE != 0;
 constexpr int kFtTiles = 32, kFtK = 32, kFtC = 8, kFtWarps = 12, kFtThreads = 32 * kFtWarps;
 constexpr int kFtPoints = 36 / kFtWarps;  // points per warp
-constexpr int kFtRawP = 36 * kFtC + 8;  // raw window stride (elements) of a tile, padded
-constexpr int kFtUL = kFtK + 8;         // Us row (pass output channels), padded: B reads 8t + g
-constexpr int kFtVL = kFtC + 4;         // Vs row (input channels), padded: A reads 12 g + t
-constexpr int kFtML = kFtK + 4;         // Ms row
+constexpr int kFtRawP = 36 * kFtC + 8;    // raw window stride (elements) of a tile, padded
+// Us rows (pass output channels): B fragment reads (k = t, n = g) hit banks 8t + g, by padding
+// (40) or by XOR-ing column blocks of 8 with row % 4 (32). Vs rows (input channels): A reads
+// (row g, col t) hit 12g + t (padded to 12) or 8 (g % 4) + (t ^ 4 (g / 4 % 2)) (8, XOR-ed).
+constexpr int kFtUL = kFtPipe ? kFtK : kFtK + 8;
+constexpr int kFtVL = kFtPipe ? kFtC : kFtC + 4;
+constexpr int kFtML = kFtK + 4;  // Ms row
+constexpr int kFtVBuffers = kFtPipe ? 2 : 1;
 static_assert(kFtWarps * kFtPoints == 36 && kFtTiles * kFtC <= kFtThreads, "fused TC layout");
+__device__ __forceinline__ int ft_u_col(int c, int n) { return kFtPipe ? n ^ ((c & 3) * 8) : n; }
+__device__ __forceinline__ int ft_v_col(int row, int c) {
+  return kFtPipe ? c ^ (((row >> 2) & 1) * 4) : c;
+}
 template <typename T>
 constexpr size_t ft_raw_bytes() {
   return size_t{kFtTiles} * kFtRawP * sizeof(T);
@@ -1490,40 +1513,129 @@ constexpr size_t kFtVBytes = size_t{36} * kFtTiles * kFtVL * 4;
 constexpr size_t kFtMBytes = size_t{36} * kFtTiles * kFtML * 4;
 template <typename T>
 constexpr size_t ft_smem_bytes() {
-  return std::max(2 * (ft_raw_bytes<T>() + kFtUBytes) + kFtVBytes, kFtMBytes);
+  return std::max(2 * (ft_raw_bytes<T>() + kFtUBytes) + kFtVBuffers * kFtVBytes, kFtMBytes);
 }
 
-// Stage chunk ch (8 input channels) of fused_tc_kernel's operands into buffer st: the 32 tiles'
-// 6 x 6 input windows (zero-filled outside the image) and U's 36 x 8 x 32 slice.
+// The per-CTA view fused_tc_kernel's helpers share: its operands, block and shared buffers.
 template <typename T>
-__device__ __forceinline__ void ft_issue(int st, int ch, const T* __restrict__ in,
-                                         const float* __restrict__ U, const float* Ug,
-                                         const Pass& ps, i64 k0, const i64* t_base,
-                                         const int* t_h0, const int* t_w0, T* raw_s,
-                                         float* us_s) {
-  constexpr int TT = kFtTiles, KB = kFtK, CC = kFtC, PX = 16 / sizeof(T), PPX = CC / PX;
-  const int tid = threadIdx.x;
+struct FtBlock {
+  const T* in;
+  const float* U;   // the operand (base of every U copy that is not read)
+  const float* Ug;  // U of the block's group
+  i64 k0;
+  const i64* t_base;  // per tile: the plane and group channel offset in `in`
+  const int* t_h0;    // per tile: the window's first row and column (past the last tile: far
+  const int* t_w0;    // outside, so that every copy zero-fills)
+  T* raw;             // [2][TT][kFtRawP]
+  float* us;          // [2][36][CC][UL]
+  float* vs;          // [kFtVBuffers][36][TT][VL]
+};
+
+// cp.async of chunk ch (8 input channels) into buffer st, without a commit: the 32 tiles' 6 x 6
+// input windows, zero-filled outside the image (ft_issue_raw), and U's 36 x 8 x 32 slice
+// (ft_issue_u).
+template <typename T>
+__device__ __forceinline__ void ft_issue_raw(const FtBlock<T>& b, const Pass& ps, int st,
+                                             int ch) {
+  constexpr int TT = kFtTiles, CC = kFtC, PX = 16 / sizeof(T), PPX = CC / PX;
+  const i64 c0 = i64{ch} * CC;
   const int H = static_cast<int>(ps.H), W = static_cast<int>(ps.W);
-  const i64 c0 = i64{ch} * CC, point = ps.G * ps.Cgp * ps.Kgp;
-  T* const raw = raw_s + st * TT * kFtRawP;
+  T* const raw = b.raw + st * TT * kFtRawP;
 #pragma unroll 2
-  for (int q = tid; q < TT * 36 * PPX; q += kFtThreads) {
+  for (int q = threadIdx.x; q < TT * 36 * PPX; q += kFtThreads) {
     const int part = q % PPX, pix = q / PPX % 36, tl = q / (PPX * 36);
-    const int h = t_h0[tl] + pix / 6, w = t_w0[tl] + pix % 6;
+    const int h = b.t_h0[tl] + pix / 6, w = b.t_w0[tl] + pix % 6;
     const bool ok = h >= 0 && h < H && w >= 0 && w < W;
-    const T* src = ok ? in + t_base[tl] + h * ps.is.sp[1] + w * ps.is.sp[2] + c0 + part * PX : in;
+    const T* src =
+        ok ? b.in + b.t_base[tl] + h * ps.is.sp[1] + w * ps.is.sp[2] + c0 + part * PX : b.in;
     cp_async16_ca(raw + tl * kFtRawP + pix * CC + part * PX, src, ok);
   }
-  float* const us = us_s + st * 36 * CC * kFtUL;
+}
+template <typename T>
+__device__ __forceinline__ void ft_issue_u(const FtBlock<T>& b, const Pass& ps, int st,
+                                           int ch) {
+  constexpr int KB = kFtK, CC = kFtC;
+  const i64 c0 = i64{ch} * CC, point = ps.G * ps.Cgp * ps.Kgp;
+  float* const us = b.us + st * 36 * CC * kFtUL;
 #pragma unroll 2
-  for (int q = tid; q < 36 * CC * (KB / 4); q += kFtThreads) {
+  for (int q = threadIdx.x; q < 36 * CC * (KB / 4); q += kFtThreads) {
     const int part = q % (KB / 4), c = q / (KB / 4) % CC, xi = q / (KB / 4 * CC);
-    const i64 k = k0 + part * 4;
+    const i64 k = b.k0 + part * 4;
     const bool ok = k < ps.Kgp;  // Kgp is a multiple of 8: a 4-column chunk is whole
-    cp_async16(us + (xi * CC + c) * kFtUL + part * 4,
-               ok ? Ug + xi * point + (c0 + c) * ps.Kgp + k : U, ok);
+    cp_async16(us + (xi * CC + c) * kFtUL + ft_u_col(c, part * 4),
+               ok ? b.Ug + xi * point + (c0 + c) * ps.Kgp + k : b.U, ok);
   }
-  cp_async_commit();
+}
+
+// V = BT d BT^T of the 256 (tile, channel) windows of raw stage st into V buffer vb.
+template <typename T>
+__device__ __forceinline__ void ft_transform(const FtBlock<T>& b, int st, int vb) {
+  constexpr int TT = kFtTiles, CC = kFtC;
+  const int tid = threadIdx.x;
+  if (tid >= TT * CC) return;
+  const int tl = tid / CC, cc = tid % CC;
+  const T* r = b.raw + st * TT * kFtRawP + tl * kFtRawP + cc;
+  // sandwich() by hand, a window column at a time: 36 + 12 live values beside the sums.
+  float tmp[6][6];
+#pragma unroll
+  for (int v = 0; v < 6; ++v) {
+    float col[6], res[6];
+#pragma unroll
+    for (int u = 0; u < 6; ++u) col[u] = load_as<float>(r + (u * 6 + v) * CC);
+    Tr<4>::bt(col, res);
+#pragma unroll
+    for (int i = 0; i < 6; ++i) tmp[i][v] = res[i];
+  }
+  float* dst = b.vs + vb * 36 * TT * kFtVL + tl * kFtVL + ft_v_col(tl, cc);
+#pragma unroll
+  for (int i = 0; i < 6; ++i) {
+    float res[6];
+    Tr<4>::bt(tmp[i], res);
+#pragma unroll
+    for (int j = 0; j < 6; ++j) dst[(i * 6 + j) * TT * kFtVL] = res[j];
+  }
+}
+
+// This warp's points' products of one chunk: acc += V[vb] (32 x 8) x U[st] (8 x 32) per point.
+template <typename T>
+__device__ __forceinline__ void ft_products(const FtBlock<T>& b, int vb, int st,
+                                            float (&acc)[kFtPoints][kFtTiles / 16][kFtK / 8][4]) {
+  constexpr int TT = kFtTiles, KB = kFtK, CC = kFtC;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
+  const float* const us = b.us + st * 36 * CC * kFtUL;
+  const float* const vs = b.vs + vb * 36 * TT * kFtVL;
+#pragma unroll
+  for (int pp = 0; pp < kFtPoints; ++pp) {
+    const int xi = warp * kFtPoints + pp;
+    const float* va = vs + xi * TT * kFtVL;
+    const float* ub = us + xi * CC * kFtUL;
+    uint32_t ab[TT / 16][4], as[TT / 16][4], bb[KB / 8][2], bs[KB / 8][2];
+#pragma unroll
+    for (int i = 0; i < TT / 16; ++i)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+        const int row = i * 16 + g8 + (r % 2) * 8;
+        split_tf32(va[row * kFtVL + ft_v_col(row, t4 + (r / 2) * 4)], ab[i][r], as[i][r]);
+      }
+#pragma unroll
+    for (int j = 0; j < KB / 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {  // (k = t, n = g), (t + 4, g)
+        const int k = t4 + r * 4;
+        split_tf32(ub[k * kFtUL + ft_u_col(k, j * 8 + g8)], bb[j][r], bs[j][r]);
+      }
+#pragma unroll
+    for (int i = 0; i < TT / 16; ++i)
+#pragma unroll
+      for (int j = 0; j < KB / 8; ++j) {
+        float part[4];
+        mma_tf32_first(part, as[i], bb[j][0], bb[j][1]);
+        mma_tf32(part, ab[i], bs[j][0], bs[j][1]);
+        mma_tf32(part, ab[i], bb[j][0], bb[j][1]);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[pp][i][j][r] += part[r];
+      }
+  }
 }
 
 template <typename T, typename To>
@@ -1536,11 +1648,7 @@ fused_tc_kernel(const T* __restrict__ in, const float* __restrict__ U, Pass ps, 
 #else
   extern __shared__ __align__(16) unsigned char smem[];
 #endif
-  T* const raw_s = reinterpret_cast<T*>(smem);                          // [2][TT][kFtRawP]
-  float* const us_s = reinterpret_cast<float*>(smem + 2 * ft_raw_bytes<T>());  // [2][36][CC][UL]
-  float* const vs = us_s + 2 * 36 * CC * kFtUL;                         // [36][TT][VL]
-  float* const ms = reinterpret_cast<float*>(smem);                     // [36][TT][ML], at the end
-  WINO_SMEM i64 t_base[TT];  // the tile's plane and group channel offset in `in`
+  WINO_SMEM i64 t_base[TT];
   WINO_SMEM int t_h0[TT], t_w0[TT];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const i64 blk = blockIdx.x;
@@ -1551,79 +1659,61 @@ fused_tc_kernel(const T* __restrict__ in, const float* __restrict__ U, Pass ps, 
     if (t < tiles) {
       const i64 pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
       t_base[tid] = ps.plane_off(ps.is, pl) + gr * ps.Cig;
-      t_h0[tid] = static_cast<int>(ti * 4 - ps.pad_h), t_w0[tid] = static_cast<int>(tj * 4 - ps.pad_w);
-    } else {  // past the last tile: every window row outside the image (zero-filled)
+      t_h0[tid] = static_cast<int>(ti * 4 - ps.pad_h);
+      t_w0[tid] = static_cast<int>(tj * 4 - ps.pad_w);
+    } else {
       t_base[tid] = 0, t_h0[tid] = -(1 << 30), t_w0[tid] = 0;
     }
   }
   __syncthreads();
-  const float* const Ug = U + gr * ps.Cgp * ps.Kgp;
+  FtBlock<T> b;
+  b.in = in, b.U = U, b.Ug = U + gr * ps.Cgp * ps.Kgp, b.k0 = k0;
+  b.t_base = t_base, b.t_h0 = t_h0, b.t_w0 = t_w0;
+  b.raw = reinterpret_cast<T*>(smem);
+  b.us = reinterpret_cast<float*>(smem + 2 * ft_raw_bytes<T>());
+  b.vs = b.us + 2 * 36 * CC * kFtUL;
   const int nchunks = static_cast<int>(ps.Cgp / CC);  // Cgp = Cig here (a multiple of 8)
 
-
   float acc[kFtPoints][TT / 16][KB / 8][4] = {};
-  ft_issue(0, 0, in, U, Ug, ps, k0, t_base, t_h0, t_w0, raw_s, us_s);
+  if constexpr (!kFtPipe) {
+    ft_issue_raw(b, ps, 0, 0), ft_issue_u(b, ps, 0, 0);
+    cp_async_commit();
 #pragma unroll 1
-  for (int ch = 0; ch < nchunks; ++ch) {
-    cp_async_wait<0>();
-    __syncthreads();  // chunk ch landed for all; every warp is done with Vs and stage ch + 1
-    if (ch + 1 < nchunks)
-      ft_issue((ch + 1) & 1, ch + 1, in, U, Ug, ps, k0, t_base, t_h0, t_w0, raw_s, us_s);
-    if (tid < TT * CC) {
-      const int tl = tid / CC, cc = tid % CC;
-      const T* r = raw_s + (ch & 1) * TT * kFtRawP + tl * kFtRawP + cc;
-      // sandwich() by hand, a window column at a time: 36 + 12 live values beside the sums.
-      float tmp[6][6];
-#pragma unroll
-      for (int v = 0; v < 6; ++v) {
-        float col[6], res[6];
-#pragma unroll
-        for (int u = 0; u < 6; ++u) col[u] = load_as<float>(r + (u * 6 + v) * CC);
-        Tr<4>::bt(col, res);
-#pragma unroll
-        for (int i = 0; i < 6; ++i) tmp[i][v] = res[i];
-      }
-      float* dst = vs + tl * kFtVL + cc;
-#pragma unroll
-      for (int i = 0; i < 6; ++i) {
-        float res[6];
-        Tr<4>::bt(tmp[i], res);
-#pragma unroll
-        for (int j = 0; j < 6; ++j) dst[(i * 6 + j) * TT * kFtVL] = res[j];
-      }
+    for (int ch = 0; ch < nchunks; ++ch) {
+      cp_async_wait<0>();
+      __syncthreads();  // chunk ch landed for all; every warp is done with Vs and stage ch + 1
+      if (ch + 1 < nchunks)
+        ft_issue_raw(b, ps, (ch + 1) & 1, ch + 1), ft_issue_u(b, ps, (ch + 1) & 1, ch + 1);
+      cp_async_commit();
+      ft_transform(b, ch & 1, 0);
+      __syncthreads();
+      ft_products(b, 0, ch & 1, acc);
     }
+  } else {
+    // Groups: {raw 0, U 0}, {raw 1}; then per iteration ch: {raw ch + 2, U ch + 1}. Raw chunk c
+    // and U chunk c live in buffers c & 1, V of chunk c in V buffer c & 1.
+    ft_issue_raw(b, ps, 0, 0), ft_issue_u(b, ps, 0, 0);
+    cp_async_commit();
+    if (nchunks > 1) ft_issue_raw(b, ps, 1, 1);
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
-    const float* const us = us_s + (ch & 1) * 36 * CC * kFtUL;
-#pragma unroll
-    for (int pp = 0; pp < kFtPoints; ++pp) {
-      const int xi = warp * kFtPoints + pp;
-      const float* va = vs + xi * TT * kFtVL + g8 * kFtVL + t4;
-      const float* ub = us + xi * CC * kFtUL + t4 * kFtUL + g8;
-      uint32_t ab[TT / 16][4], as[TT / 16][4], bb[KB / 8][2], bs[KB / 8][2];
-#pragma unroll
-      for (int i = 0; i < TT / 16; ++i)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)  // (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-          split_tf32(va[(i * 16 + (r % 2) * 8) * kFtVL + (r / 2) * 4], ab[i][r], as[i][r]);
-#pragma unroll
-      for (int j = 0; j < KB / 8; ++j)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)  // (k = t, n = g), (t + 4, g)
-          split_tf32(ub[r * 4 * kFtUL + j * 8], bb[j][r], bs[j][r]);
-#pragma unroll
-      for (int i = 0; i < TT / 16; ++i)
-#pragma unroll
-        for (int j = 0; j < KB / 8; ++j) {
-          float part[4];
-          mma_tf32_first(part, as[i], bb[j][0], bb[j][1]);
-          mma_tf32(part, ab[i], bs[j][0], bs[j][1]);
-          mma_tf32(part, ab[i], bb[j][0], bb[j][1]);
-#pragma unroll
-          for (int r = 0; r < 4; ++r) acc[pp][i][j][r] += part[r];
-        }
+    ft_transform(b, 0, 0);
+#pragma unroll 1
+    for (int ch = 0; ch < nchunks; ++ch) {
+      cp_async_wait<0>();  // raw ch + 1 and U ch (this thread's copies)
+      // Every copy of raw ch + 1 and U ch landed and V ch is complete; transform ch and the
+      // products of ch - 1 are done, so raw buffer ch & 1 and U, V buffers (ch + 1) & 1 are free.
+      __syncthreads();
+      if (ch + 2 < nchunks) ft_issue_raw(b, ps, ch & 1, ch + 2);
+      if (ch + 1 < nchunks) ft_issue_u(b, ps, (ch + 1) & 1, ch + 1);
+      cp_async_commit();
+      if (ch + 1 < nchunks) ft_transform(b, (ch + 1) & 1, (ch + 1) & 1);
+      ft_products(b, ch & 1, ch & 1, acc);
     }
   }
   __syncthreads();  // Ms overlays the stages and Vs
+  float* const ms = reinterpret_cast<float*>(smem);  // [36][TT][ML]
 #pragma unroll
   for (int pp = 0; pp < kFtPoints; ++pp) {
     float* m = ms + (warp * kFtPoints + pp) * TT * kFtML;
@@ -1905,18 +1995,20 @@ std::string fused_tc_refusal(ConvOp op, const ConvProblem& p, DType in) {
   return "";
 }
 
-// The fused family's tile: F(2x2,3x3) (fused_kernel) unless the problem asks for tile 4, or
-// JAXDNN_WINO_FUSED_TILE=4 makes F(4x4) the default where fused_tc_kernel can run it and the pass
-// output is at least 4 on a side (not yet measured on a GPU: off by default). Backward-filter
-// always runs F(2x2) (fused_wgrad_kernel; it takes no U).
+// The fused family's tile: the problem's (C++ callers: 2 or 4), else F(4x4,3x3) on the tensor
+// cores (fused_tc_kernel) where it can run and the pass output is at least 4 on a side (H200,
+// fp32 NHWC: 1.4-3.0x faster than fused_kernel's F(2x2) on the ResNet-50 / VGG 3x3 layers,
+// benchmarks/results/gpu-h200-2026-12-01-s8.md), else F(2x2) (fused_kernel).
+// JAXDNN_WINO_FUSED_TILE=2 keeps F(2x2) everywhere (comparisons). Backward-filter always runs
+// F(2x2) (fused_wgrad_kernel; it takes no U).
 int fused_tile(ConvOp op, const ConvProblem& p, DType in) {
   if (op == ConvOp::kBackwardFilter) return 2;
   if (p.tile != 0) return p.tile;
-  static const bool f4 = [] {
+  static const bool f2 = [] {
     const char* v = std::getenv("JAXDNN_WINO_FUSED_TILE");
-    return v != nullptr && std::strcmp(v, "4") == 0;
+    return v != nullptr && std::strcmp(v, "2") == 0;
   }();
-  if (!f4 || !fused_tc_refusal(op, p, in).empty()) return 2;
+  if (f2 || !fused_tc_refusal(op, p, in).empty()) return 2;
   const Pass ps = make_pass(op, p, 4);
   return std::min(ps.P, ps.Q) >= 4 ? 4 : 2;
 }

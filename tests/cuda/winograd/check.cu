@@ -520,12 +520,14 @@ struct Layer {
 
 void bench(const Layer& L, DType T, Layout layout, const Variant& var, FILE* csv) {
   const ConvAlgo algo = var.algo;
-  // BENCH_LAYERS (names, comma-separated), BENCH_ITERS and BENCH_MAIN_ONLY (fp32 NHWC
-  // WINOGRAD_NONFUSED alone) narrow the table, e.g. for ncu.
+  // BENCH_LAYERS (names, comma-separated), BENCH_ITERS, BENCH_MAIN_ONLY (fp32 NHWC
+  // WINOGRAD_NONFUSED alone) and BENCH_VARIANT narrow the table, e.g. for ncu.
   if (const char* only = getenv("BENCH_LAYERS"); only && !strstr(only, L.name)) return;
   if (getenv("BENCH_MAIN_ONLY") && (T != DType::kF32 || layout != Layout::kNHWC ||
                                     algo != ConvAlgo::kWinogradNonfused || var.tile != 0))
     return;
+  // BENCH_VARIANT=NAME: that variant's rows alone (e.g. FUSED_F4, both dtypes).
+  if (const char* v = getenv("BENCH_VARIANT"); v && strcmp(v, var.name) != 0) return;
   ConvProblem p;
   p.layout = layout, p.spatial_dims = 2, p.N = L.N, p.C = L.C, p.K = L.K, p.G = 1;
   p.in[1] = L.H, p.in[2] = L.W, p.filt[1] = p.filt[2] = 3;

@@ -32,6 +32,16 @@ if [ "${SWEEP_SET:-}" = tc ]; then
     "u2_st4|-DWINO_TC_UNROLL=2 -DWINO_TC_STAGES_WIDE=4"
   )
 fi
+# SWEEP_SET=ftc: the schedules of WINOGRAD's tensor-core F(4x4) kernel (fused_tc_kernel), timed on
+# its own rows (FUSED_F4: fp32 and bf16 NHWC fwd / dgrad) instead of NONFUSED's.
+BENCH_SEL="BENCH_MAIN_ONLY=1"
+if [ "${SWEEP_SET:-}" = ftc ]; then
+  VARIANTS=(
+    "ftc_pipe0|-DWINO_FTC_PIPE=0"
+    "ftc_pipe1|-DWINO_FTC_PIPE=1"
+  )
+  BENCH_SEL="BENCH_VARIANT=FUSED_F4"
+fi
 # SWEEP_EXTRA=1 adds settings whose fp32 m-major wide kernel spills 20-68 bytes at the
 # 128-register cap of 2 CTAs/SM (measured locally with nvcc 13.0; informative only).
 if [ "${SWEEP_EXTRA:-0}" = 1 ]; then
@@ -81,6 +91,7 @@ out, cur = [], None
 for l in open(sys.argv[1]):
     m = re.search(r"Function properties for .*gemm_(?:tc_kernelI|kernelIf)Lb(\d)ELb1E", l)
     if m: cur = "kmajor" if m.group(1) == "1" else "mmajor"; sp = None; continue
+    if re.search(r"Function properties for .*fused_tc_kernelIffE", l): cur = "ftc"; sp = None; continue
     if cur and "spill stores" in l: sp = re.search(r"(\d+) bytes spill stores", l).group(1)
     if cur and "Used" in l:
         out.append("%s:%s/%s" % (cur, re.search(r"Used (\d+)", l).group(1), sp)); cur = None
@@ -101,7 +112,7 @@ for v in "${VARIANTS[@]}"; do
   t1=$SECONDS
   WINO_DTYPES=f32 timeout 40 "$B/$name" quick > "$O/$name.check.txt" 2>&1
   rc=$?; st=$([ $rc = 0 ] && echo ok || echo "fail_rc$rc")
-  BENCH_CSV=$O/$name.bench.csv BENCH_LAYERS=$LAYERS BENCH_ITERS=$ITERS BENCH_MAIN_ONLY=1 \
+  env $BENCH_SEL BENCH_CSV=$O/$name.bench.csv BENCH_LAYERS=$LAYERS BENCH_ITERS=$ITERS \
     BENCH_NO_REF=1 timeout $((left > 60 ? 60 : left)) "$B/$name" none bench \
     > "$O/$name.bench.txt" 2>&1
   brc=$?
@@ -109,7 +120,8 @@ for v in "${VARIANTS[@]}"; do
   echo "[$((SECONDS - t0)) s] $name check=$st ($((SECONDS - t1)) s) regs $rs"
   grep "^BENCH" "$O/$name.bench.txt" | sed 's/^/    /'
   # bench.csv: layer,family,layout,dtype,op,median,min,tflops
-  awk -F, -v n="$name" -v s="$st" -v r="$rs" 'NF >= 8 {print n "," $1 "," $5 "," $6 "," $7 "," $8 "," s "," r}' \
+  awk -F, -v n="$name" -v s="$st" -v r="$rs" \
+    'NF >= 8 {print n "," $1 "," ($4 == "f32" ? "" : $4 "_") $5 "," $6 "," $7 "," $8 "," s "," r}' \
     "$O/$name.bench.csv" >> "$CSV" 2>/dev/null
 done
 python3 - "$CSV" > "$O/summary.md" <<'PY'
@@ -123,7 +135,7 @@ for r in rows:
     k = (r["layer"], r["op"])
     if k not in keys: keys.append(k)
     t[r["variant"]][k] = float(r["ms"])
-print("# WINOGRAD_NONFUSED GEMM sweep (fp32 NHWC, median ms; * = best)\n")
+print("# Winograd sweep (NHWC, median ms; op prefixed by the dtype unless fp32; * = best)\n")
 print("| layer | op | " + " | ".join(vs) + " |")
 print("|---|---|" + "---|" * len(vs))
 for k in keys:
