@@ -2,7 +2,9 @@
 GPU: tile edge cases, both tile sizes, float32 error, refusals.
 
 WINOGRAD_NONFUSED uses F(4x4, 3x3) unless the output of a pass is smaller than 4 on a side, where
-it uses F(2x2, 3x3); WINOGRAD (fused) always F(2x2, 3x3). Images
+it uses F(2x2, 3x3); WINOGRAD (fused) F(2x2, 3x3), except on CUDA for channels-last 32/16-bit
+operands with channels per group a multiple of 8 and outputs of at least 4x4, which run F(4x4, 3x3)
+on the tensor cores (test_lowering_cuda checks which tile the lowering takes). Images
 smaller than a tile, sizes that are not multiples of the tile, negative and
 asymmetric padding (tiles reading past the image), groups, channel counts 1 and 3, depth slices of
 a 3-D problem and chunked tile loops (a float64 problem bigger than one chunk) are covered below,

@@ -315,6 +315,32 @@ Pass make_pass(ConvOp op, const ConvProblem& p, int m) {
 
 i64 tiles_of(const Pass& ps) { return ps.planes * ps.th * ps.tw; }
 
+// Tile t of a pass: its plane and its row and column among the plane's tiles.
+struct TilePos {
+  i64 pl, ti, tj;
+};
+__device__ __forceinline__ TilePos tile_pos(const Pass& ps, i64 t) {
+  return {t / (ps.th * ps.tw), t / ps.tw % ps.th, t % ps.tw};
+}
+
+// Stores y, the M x M output tile at `pos` of pass output channel ch (of all groups), cropped to
+// P x Q, in the output's layout and dtype.
+template <int M, typename To, typename Tc>
+__device__ __forceinline__ void store_tile(To* out, const Pass& ps, TilePos pos, i64 ch,
+                                           const Tc (&y)[M][M]) {
+  To* base = out + ps.plane_off(ps.os, pos.pl) + ch * ps.os.c;
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    const i64 p = pos.ti * M + i;
+    if (p >= ps.P) continue;
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      const i64 q = pos.tj * M + j;
+      if (q < ps.Q) store_as(base + p * ps.os.sp[1] + q * ps.os.sp[2], y[i][j]);
+    }
+  }
+}
+
 // The CPU's rule: the problem's explicit tile when it has one (any output size: tiles past the
 // output are cropped), else F(4x4) unless the pass output is smaller than 4 on a side.
 int tile_m(ConvOp op, const ConvProblem& p) {
@@ -480,18 +506,7 @@ output_transform_kernel(const Tc* __restrict__ Mo, Pass ps, i64 t0, i64 nt, i64 
     for (int j = 0; j < A; ++j) m[i][j] = src[(i * A + j) * TBr * cop];
   Tc y[M][M];
   sandwich(m, y, [](const Tc* i, Tc* r) { Tr<M>::at(i, r); });
-  const i64 t = t0 + tt, pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
-  T* base = out + ps.plane_off(ps.os, pl) + (g * ps.Cog + k) * ps.os.c;
-#pragma unroll
-  for (int i = 0; i < M; ++i) {
-    const i64 p = ti * M + i;
-    if (p >= ps.P) continue;
-#pragma unroll
-    for (int j = 0; j < M; ++j) {
-      const i64 q = tj * M + j;
-      if (q < ps.Q) store_as(base + p * ps.os.sp[1] + q * ps.os.sp[2], y[i][j]);
-    }
-  }
+  store_tile(out, ps, tile_pos(ps, t0 + tt), g * ps.Cog + k, y);
 }
 
 // dw = G^T (sum_s P[s][.][g][c][k]) G, splits added in order s = 0, 1, ...
@@ -1337,7 +1352,7 @@ fused_kernel(const T* __restrict__ in, const Tc* __restrict__ U, Pass ps, i64 ti
   }
   const i64 t = tile0 + lane;
   if (t >= tiles) return;
-  const i64 pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
+  const TilePos pos = tile_pos(ps, t);
 #pragma unroll
   for (int j = 0; j < KPT; ++j) {
     const i64 k = k0 + warp * KPT + j;
@@ -1346,17 +1361,7 @@ fused_kernel(const T* __restrict__ in, const Tc* __restrict__ U, Pass ps, i64 ti
 #pragma unroll
     for (int xi = 0; xi < A2; ++xi) m[xi / A][xi % A] = acc[xi][j];
     sandwich(m, y, [](const Tc* i, Tc* r) { Tr<2>::at(i, r); });
-    To* dst = out + ps.plane_off(ps.os, pl) + (g * ps.Cog + k) * ps.os.c;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const i64 p = ti * 2 + i;
-      if (p >= ps.P) continue;
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const i64 q = tj * 2 + jj;
-        if (q < ps.Q) store_as(dst + p * ps.os.sp[1] + q * ps.os.sp[2], y[i][jj]);
-      }
-    }
+    store_tile(out, ps, pos, g * ps.Cog + k, y);
   }
 }
 
@@ -1489,7 +1494,16 @@ fused_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, Pass ps, i
 #define WINO_FTC_PIPE 0
 #endif
 constexpr bool kFtPipe = WINO_FTC_PIPE != 0;
-constexpr int kFtTiles = 32, kFtK = 32, kFtC = 8, kFtWarps = 12, kFtThreads = 32 * kFtWarps;
+// CTA tile (compile time, WINO_FTC_TILES x WINO_FTC_K; the sweep also times 16 x 64: half the
+// input windows and transforms per product, twice the U slice).
+#ifndef WINO_FTC_TILES
+#define WINO_FTC_TILES 32
+#endif
+#ifndef WINO_FTC_K
+#define WINO_FTC_K 32
+#endif
+constexpr int kFtTiles = WINO_FTC_TILES, kFtK = WINO_FTC_K, kFtC = 8, kFtWarps = 12;
+constexpr int kFtThreads = 32 * kFtWarps;
 constexpr int kFtPoints = 36 / kFtWarps;  // points per warp
 constexpr int kFtRawP = 36 * kFtC + 8;    // raw window stride (elements) of a tile, padded
 // Us rows (pass output channels): B fragment reads (k = t, n = g) hit banks 8t + g, by padding
@@ -1499,7 +1513,9 @@ constexpr int kFtUL = kFtPipe ? kFtK : kFtK + 8;
 constexpr int kFtVL = kFtPipe ? kFtC : kFtC + 4;
 constexpr int kFtML = kFtK + 4;  // Ms row
 constexpr int kFtVBuffers = kFtPipe ? 2 : 1;
-static_assert(kFtWarps * kFtPoints == 36 && kFtTiles * kFtC <= kFtThreads, "fused TC layout");
+static_assert(kFtWarps * kFtPoints == 36 && kFtTiles * kFtC <= kFtThreads && kFtTiles % 16 == 0 &&
+                  kFtK % 32 == 0,
+              "fused TC layout");
 __device__ __forceinline__ int ft_u_col(int c, int n) { return kFtPipe ? n ^ ((c & 3) * 8) : n; }
 __device__ __forceinline__ int ft_v_col(int row, int c) {
   return kFtPipe ? c ^ (((row >> 2) & 1) * 4) : c;
@@ -1515,6 +1531,7 @@ template <typename T>
 constexpr size_t ft_smem_bytes() {
   return std::max(2 * (ft_raw_bytes<T>() + kFtUBytes) + kFtVBuffers * kFtVBytes, kFtMBytes);
 }
+static_assert(ft_smem_bytes<float>() <= 227 * 1024, "fused TC shared memory");
 
 // The per-CTA view fused_tc_kernel's helpers share: its operands, block and shared buffers.
 template <typename T>
@@ -1657,10 +1674,10 @@ fused_tc_kernel(const T* __restrict__ in, const float* __restrict__ U, Pass ps, 
   if (tid < TT) {
     const i64 t = tile0 + tid;
     if (t < tiles) {
-      const i64 pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
-      t_base[tid] = ps.plane_off(ps.is, pl) + gr * ps.Cig;
-      t_h0[tid] = static_cast<int>(ti * 4 - ps.pad_h);
-      t_w0[tid] = static_cast<int>(tj * 4 - ps.pad_w);
+      const TilePos pos = tile_pos(ps, t);
+      t_base[tid] = ps.plane_off(ps.is, pos.pl) + gr * ps.Cig;
+      t_h0[tid] = static_cast<int>(pos.ti * 4 - ps.pad_h);
+      t_w0[tid] = static_cast<int>(pos.tj * 4 - ps.pad_w);
     } else {
       t_base[tid] = 0, t_h0[tid] = -(1 << 30), t_w0[tid] = 0;
     }
@@ -1736,18 +1753,7 @@ fused_tc_kernel(const T* __restrict__ in, const float* __restrict__ U, Pass ps, 
 #pragma unroll
     for (int xi = 0; xi < 36; ++xi) mv[xi / 6][xi % 6] = ms[(xi * TT + tl) * kFtML + kk];
     sandwich(mv, y, [](const float* i, float* x) { Tr<4>::at(i, x); });
-    const i64 pl = t / (ps.th * ps.tw), ti = t / ps.tw % ps.th, tj = t % ps.tw;
-    To* dst = out + ps.plane_off(ps.os, pl) + (gr * ps.Cog + k) * ps.os.c;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const i64 p = ti * 4 + i;
-      if (p >= ps.P) continue;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const i64 q = tj * 4 + j;
-        if (q < ps.Q) store_as(dst + p * ps.os.sp[1] + q * ps.os.sp[2], y[i][j]);
-      }
-    }
+    store_tile(out, ps, tile_pos(ps, t), gr * ps.Cog + k, y);
   }
 }
 

@@ -2,8 +2,8 @@
 // host reference over many geometries, every dtype, forward / backward-data / backward-filter
 // of both families, refusals, bitwise repeatability of backward-filter; then timings.
 // Usage: check [quick|full|none|sweep] [bench]   (none: timings only; sweep: the float32 error of
-// NONFUSED F(4x4), F(6x6) and F(2x2) against the reduction length, C/G or K/G = 16 .. SWEEP_MAX_C
-// (default 2048), printed per case)
+// NONFUSED F(4x4), F(6x6), F(2x2) and the fused tensor-core F(4x4) against the reduction length,
+// C/G or K/G = 16 .. SWEEP_MAX_C (default 2048), printed per case)
 // Each line: ok/FAIL, case, family, op, dtypes, tile, rel = ||out - ref|| / ||ref|| against the
 // stated bound, and max = max |out - ref| / max |ref|. Exits nonzero on any failure.
 // Built with nvcc by run.sh, or with g++ against tests/cuda/winograd/emu (emulate.sh); it links
@@ -255,7 +255,7 @@ const Variant kVariants[] = {{"NONFUSED", ConvAlgo::kWinogradNonfused, 0},
                              {"FUSED_F4", ConvAlgo::kWinograd, 4}};
 // rel of every fp32 case run, by "case|variant|op" (the BENCH lines print it beside the time).
 std::map<std::string, double> g_rel;
-bool g_skip_fused = false;  // sweep mode: the NONFUSED variants only
+bool g_skip_fused = false;  // sweep mode: the NONFUSED variants and FUSED_F4 only
 
 void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
   const ConvProblem p = make(cs);
@@ -277,7 +277,7 @@ void check_case(const Case& cs, DType in, DType out, std::mt19937& rng) {
   for (const Variant& var : kVariants) {
     const ConvAlgo algo = var.algo;
     const char* an = var.name;
-    if (g_skip_fused && algo == ConvAlgo::kWinograd) continue;
+    if (g_skip_fused && algo == ConvAlgo::kWinograd && var.tile != 4) continue;
     ConvProblem pv = p;
     pv.tile = var.tile;
     for (int op = 0; op < 3; ++op) {
