@@ -241,15 +241,17 @@ std::vector<char> run_one(const CudaConvCall& call, const void* a, const void* b
   return hb;
 }
 
-// What check_case runs: the two families with the backend's tile choice, and NONFUSED with an
-// explicit tile (ConvProblem::tile: F(6x6), and F(2x2) where the default would be F(4x4)).
+// What check_case runs: NONFUSED with the backend's tile choice and with an explicit tile
+// (ConvProblem::tile: F(6x6), and F(2x2) where the default would be F(4x4)), and each of the
+// fused family's kernels by its tile: F(2x2) (FFMA/DFMA) and F(4x4) (tensor cores, in its scope).
+// The fused family's default routing (F(4x4) where it applies) is test_lowering_cuda's.
 struct Variant {
   const char* name;
   ConvAlgo algo;
   int tile;
 };
 const Variant kVariants[] = {{"NONFUSED", ConvAlgo::kWinogradNonfused, 0},
-                             {"FUSED", ConvAlgo::kWinograd, 0},
+                             {"FUSED", ConvAlgo::kWinograd, 2},  // the F(2x2) kernel
                              {"NF_F6", ConvAlgo::kWinogradNonfused, 6},
                              {"NF_F2", ConvAlgo::kWinogradNonfused, 2},
                              {"FUSED_F4", ConvAlgo::kWinograd, 4}};
