@@ -8,6 +8,8 @@ then called once between two `marker` kernels; run it under Nsight Compute:
 and read the launches between consecutive markers (an XLA copy or transpose next to a jaxdnn
 kernel shows as an extra launch)."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +39,30 @@ CASES = {
     "jaxdnn.conv fused": (lambda x, w, b: jaxdnn.conv(x, w, **conv_kw, bias=b, activation="relu"),
                           (x_conv, w_conv, b_conv)),
 }
+# Forward + VJP of the fused conv + bias + relu against the unfused sequence (fused_bench.py's
+# f+b columns), r50_c2_3x3 in bf16.
+x_fb = jnp.asarray(rng.standard_normal((32, 56, 56, 64)), bf16)
+w_fb = jnp.asarray(rng.standard_normal((3, 3, 64, 64)) * 0.05, bf16)
+b_fb = jnp.asarray(rng.standard_normal((64,)), bf16)
+ct_fb = jnp.asarray(rng.standard_normal((32, 56, 56, 64)), bf16)
+
+
+def _fwd_bwd(f):
+  def run(x, w, b, ct):
+    y, vjp = jax.vjp(f, x, w, b)
+    return y, vjp(ct)
+  return run
+
+
+CASES["conv f+b fused"] = (
+    _fwd_bwd(lambda x, w, b: jaxdnn.conv(x, w, **conv_kw, bias=b, activation="relu")),
+    (x_fb, w_fb, b_fb, ct_fb))
+CASES["conv f+b unfused"] = (
+    _fwd_bwd(lambda x, w, b: jax.nn.relu(jaxdnn.conv(x, w, **conv_kw) + b)),
+    (x_fb, w_fb, b_fb, ct_fb))
+if os.environ.get("PROFILE_CASES"):  # comma-separated substrings of the case names
+  keep = os.environ["PROFILE_CASES"].split(",")
+  CASES = {k: v for k, v in CASES.items() if any(t in k for t in keep)}
 marker = jax.jit(lambda v: v * 3 + 1)  # a one-block XLA fusion kernel between cases
 m = jnp.ones((8,), jnp.float32)
 fns = {name: jax.jit(fn) for name, (fn, _) in CASES.items()}
