@@ -234,7 +234,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   };
 
   float acc[BM / 64][BN / 2];
-  constexpr bool kEarlyBias = BM * BN <= 64 * 64;
 #pragma unroll
   for (int s = 0; s < ST - 1; ++s) load_next(s);
   int step = 0;  // K steps multiplied so far by this CTA: the stage ring position
@@ -245,30 +244,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     for (int mb = 0; mb < BM / 64; ++mb)
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
-    // 64x64 tiles load the tile's biases before its K loop: issued at the epilogue, a load waits
-    // behind the next tile's cp.async traffic that the persistent walk has in flight (H200, bf16
-    // r50_c2_1x1_dn: bias + relu took the kernel from 0.032 to 0.058 ms). Register-path pairs
-    // (column 8j + 2(lane % 4)) or the staged path's 8 columns (see below).
-    const bool staged = tile + static_cast<int>(gridDim.x) >= tiles;
-    float early_bias[kEarlyBias ? BN / 4 : 1];
-    if constexpr (kEarlyBias) {
-      if (p.epi.on) {
-        const long long kb = static_cast<long long>(g) * p.Kg;
-        if (!staged) {
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const int col = n_base + j * 8 + (lane & 3) * 2;
-            early_bias[2 * j] = early_bias[2 * j + 1] = 0.f;
-            if (col < p.Kg) epi_bias_run<2>(p.epi, kb + col, 2, early_bias + 2 * j);
-          }
-        } else {
-          const int col = n_base + (tid % (BN / 8)) * 8;
-#pragma unroll
-          for (int q = 0; q < 8; ++q) early_bias[q] = 0.f;
-          if (col < p.Kg) epi_bias_run<8>(p.epi, kb + col, min(8, p.Kg - col), early_bias);
-        }
-      }
-    }
     for (int kt = 0; kt < nk; ++kt, ++step) {
       cp_async_wait<ST - 2>();
       // cp.async wrote through the generic proxy; wgmma reads through the async proxy
@@ -296,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 
     // Accumulator layout (per 64-row block): warp w holds rows 16w.., lane l row l/4 (+8) and
     // columns 8j + 2(l%4) (+1) in acc[j*4 + {0,1}] (row) and acc[j*4 + {2,3}] (row + 8).
-    if (!staged) {
+    if (tile + static_cast<int>(gridDim.x) < tiles) {
       // Not this CTA's last tile: the next tile's loads are in flight in the pipeline buffers,
       // so the values go out from the registers, two channels (4 or 8 bytes) per store.
       // Kg % 8 == 0 and even columns keep every pair inside one row and aligned.
@@ -320,10 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
                 const int col = n_base + (j0 + jj) * 8 + (lane & 3) * 2;
                 b[jj][0] = b[jj][1] = r[jj][0] = r[jj][1] = 0.f;
                 if (col < p.Kg) {
-                  if constexpr (kEarlyBias)
-                    b[jj][0] = early_bias[2 * (j0 + jj)], b[jj][1] = early_bias[2 * (j0 + jj) + 1];
-                  else
-                    epi_bias_run<2>(p.epi, static_cast<long long>(g) * p.Kg + col, 2, b[jj]);
+                  epi_bias_run<2>(p.epi, static_cast<long long>(g) * p.Kg + col, 2, b[jj]);
                   epi_residual_run<2>(p.epi, row + col, r[jj]);
                 }
               }
@@ -374,13 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     const int cnt = full ? 8 : p.Kg - col;
     // this thread's 8 columns are the same on every row it stores: their biases load once
     float bias[8];
-    if constexpr (kEarlyBias) {
-      if (p.epi.on)
-#pragma unroll
-        for (int q = 0; q < 8; ++q) bias[q] = early_bias[q];
-    } else if (p.epi.on) {
-      epi_bias_run<8>(p.epi, static_cast<long long>(g) * p.Kg + col, cnt, bias);
-    }
+    if (p.epi.on) epi_bias_run<8>(p.epi, static_cast<long long>(g) * p.Kg + col, cnt, bias);
     // RB rows at a time: their C values and residuals load before the first store (see
     // epi_residual_run).
     constexpr int RB = 4;

@@ -161,22 +161,15 @@ __global__ void __launch_bounds__(256) bab_rows_vec_kernel(const T* __restrict__
       }
       dv[i] = o.u;
     };
-    // Four rows' loads issued before their stores (dz may alias t and s for the compiler, so a
-    // load cannot move above an earlier store): a slice of ~100 rows is one or two rounds of
-    // DRAM latency per thread instead of two or three.
-    constexpr int RF = 4;
     long long r = r0 + threadIdx.y;
-    for (; r + (RF - 1) * cy < r1; r += RF * cy) {
-      Vec tt[RF], ss[RF];
-#pragma unroll
-      for (int u = 0; u < RF; ++u) {
-        const long long i = (r + u * cy) * KV + kv;
-        tt[u].u = tv[i], ss[u].u = sv[i];
-      }
-#pragma unroll
-      for (int u = 0; u < RF; ++u) row((r + u * cy) * KV + kv, tt[u], ss[u]);
+    for (; r + cy < r1; r += 2 * cy) {
+      const long long i0 = r * KV + kv, i1 = (r + cy) * KV + kv;
+      Vec t0, s0, t1, s1;
+      t0.u = tv[i0], s0.u = sv[i0], t1.u = tv[i1], s1.u = sv[i1];
+      row(i0, t0, s0);
+      row(i1, t1, s1);
     }
-    for (; r < r1; r += cy) {
+    if (r < r1) {
       const long long i0 = r * KV + kv;
       Vec t0, s0;
       t0.u = tv[i0], s0.u = sv[i0];
@@ -231,7 +224,7 @@ __global__ void __launch_bounds__(256) bab_planes_kernel(const T* __restrict__ t
 }
 
 // db[k] = sum over the slices of part[slice][k]. Block = 32 channels x 32 slice lanes: lane y adds
-// slices y, y + 32, ... (eight loads in flight), then the lanes are added in order in shared memory:
+// slices y, y + 32, ... (four loads in flight), then the lanes are added in order in shared memory:
 // a fixed order, so deterministic; with one thread per channel the slices' adds formed a chain of
 // dependent L2 loads (1024 slices for K = 64).
 template <class T>
@@ -241,21 +234,16 @@ __global__ void __launch_bounds__(1024) bab_colsum_kernel(
   using A = typename BabAcc<T>::type;
   __shared__ A red[32][33];
   const long long k = blockIdx.x * 32LL + threadIdx.x;
-  // Eight loads in flight per lane: a chain of L2 round trips is this kernel's whole time.
-  constexpr int U = 8;
-  A acc[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) acc[u] = A(0);
+  A acc[4] = {A(0), A(0), A(0), A(0)};
   if (k < K) {
     int sl = threadIdx.y;
-    for (; sl + 32 * (U - 1) < slices; sl += 32 * U) {
+    for (; sl + 96 < slices; sl += 128) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) acc[u] += part[static_cast<long long>(sl + 32 * u) * K + k];
+      for (int u = 0; u < 4; ++u) acc[u] += part[(sl + 32 * u) * K + k];
     }
-    for (; sl < slices; sl += 32) acc[0] += part[static_cast<long long>(sl) * K + k];
+    for (; sl < slices; sl += 32) acc[0] += part[sl * K + k];
   }
-  red[threadIdx.y][threadIdx.x] =
-      ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  red[threadIdx.y][threadIdx.x] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   __syncthreads();
   if (threadIdx.y == 0 && k < K) {
     A tot = 0;
