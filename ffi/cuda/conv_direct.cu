@@ -689,46 +689,18 @@ __global__ void __launch_bounds__(kDwsThreads, (S == 7 && sizeof(T) == 4) ? 1 : 
       }
     }
     const i64 obase = ((((i64)n * a.dd[0] + z) * a.dd[1] + p) * a.dd[2] + q0) * C + c0;
-    if constexpr (S > 3) {
 #pragma unroll
-      for (int i = 0; i < TW; ++i) {
-        if (q0 + i < a.dd[2]) {
-          if (a.epi.on) {
-            // biases per pixel (L1 hits): kept across the TW pixels they pushed the 5x5/7x7
-            // kernels past the 128-register bound into spills
-            float bias[V];
-            epi_bias_run<V>(a.epi, c0, V, bias);
-            epi_apply_run<V>(a.epi, obase + (i64)i * C, bias, acc[i]);
-          }
-          store_vec<V>(out_ptr<T>(dst, obase + (i64)i * C, a.out_f32), acc[i], a.out_f32);
+    for (int i = 0; i < TW; ++i) {
+      if (q0 + i < a.dd[2]) {
+        if (a.epi.on) {
+          // biases per pixel (L1 hits): kept across the TW pixels they pushed the 5x5/7x7
+          // kernels past the 128-register bound into spills
+          float bias[V];
+          epi_bias_run<V>(a.epi, c0, V, bias);
+          epi_apply_run<V>(a.epi, obase + (i64)i * C, bias, acc[i]);
         }
+        store_vec<V>(out_ptr<T>(dst, obase + (i64)i * C, a.out_f32), acc[i], a.out_f32);
       }
-    } else if (a.epi.on) {
-      // 3x3 and narrower: the biases once per strip, the residuals of two pixels before their
-      // stores (a load cannot move above a store to y, they may alias, so per-pixel loads would
-      // wait out their latency one pixel at a time).
-      float bias[V];
-      epi_bias_run<V>(a.epi, c0, V, bias);
-#pragma unroll
-      for (int i = 0; i < TW; i += 2) {
-        float res[2][V];
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-          if (i + u < TW && q0 + i + u < a.dd[2])
-            epi_residual_run<V>(a.epi, obase + (i64)(i + u) * C, res[u]);
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-          if (i + u < TW && q0 + i + u < a.dd[2]) {
-            epi_finish_run<V>(a.epi, obase + (i64)(i + u) * C, bias, res[u], acc[i + u]);
-            store_vec<V>(out_ptr<T>(dst, obase + (i64)(i + u) * C, a.out_f32), acc[i + u],
-                         a.out_f32);
-          }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < TW; ++i)
-        if (q0 + i < a.dd[2])
-          store_vec<V>(out_ptr<T>(dst, obase + (i64)i * C, a.out_f32), acc[i], a.out_f32);
     }
   }
 }

@@ -282,39 +282,25 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
           const int m = m_base + mb * 64 + warp * 16 + (lane >> 2) + 8 * half;
           if (m >= p.M) continue;
           const long long row = static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg;
-          // JB pairs at a time: their biases and residuals load before the first store (see
-          // epi_residual_run); the biases are reloaded per row (L1 hits): keeping BN/4 of them
-          // across the rows would cost registers next to the live accumulators.
-          constexpr int JB = BM * BN > 64 * 128 ? 4 : BN / 8 < 8 ? BN / 8 : 8;  // 128x128: spills
 #pragma unroll
-          for (int j0 = 0; j0 < BN / 8; j0 += JB) {
-            float b[JB][2], r[JB][2];
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = n_base + j * 8 + (lane & 3) * 2;
+            if (col >= p.Kg) break;
+            float v0 = acc[mb][j * 4 + 2 * half], v1 = acc[mb][j * 4 + 2 * half + 1];
+            const long long off = row + col;
             if (p.epi.on) {
-#pragma unroll
-              for (int jj = 0; jj < JB; ++jj) {
-                const int col = n_base + (j0 + jj) * 8 + (lane & 3) * 2;
-                b[jj][0] = b[jj][1] = r[jj][0] = r[jj][1] = 0.f;
-                if (col < p.Kg) {
-                  epi_bias_run<2>(p.epi, static_cast<long long>(g) * p.Kg + col, 2, b[jj]);
-                  epi_residual_run<2>(p.epi, row + col, r[jj]);
-                }
-              }
+              // the pair's biases are reloaded per row (L1 hits): keeping BN/4 of them across the
+              // rows would cost registers next to the live accumulators
+              float v[2] = {v0, v1}, b[2];
+              epi_bias_run<2>(p.epi, static_cast<long long>(g) * p.Kg + col, 2, b);
+              epi_apply_run<2>(p.epi, off, b, v);
+              v0 = v[0], v1 = v[1];
             }
-#pragma unroll
-            for (int jj = 0; jj < JB; ++jj) {
-              const int j = j0 + jj;
-              // Kg % 8 == 0 and even columns keep every pair inside one row and aligned.
-              const int col = n_base + j * 8 + (lane & 3) * 2;
-              if (col >= p.Kg) continue;
-              float v[2] = {acc[mb][j * 4 + 2 * half], acc[mb][j * 4 + 2 * half + 1]};
-              const long long off = row + col;
-              if (p.epi.on) epi_finish_run<2>(p.epi, off, b[jj], r[jj], v);
-              if (out32)
-                *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v[0], v[1]);
-              else
-                *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + off) =
-                    pack2(v[0], v[1], kF16);
-            }
+            if (out32)
+              *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
+            else
+              *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + off) =
+                  pack2(v0, v1, kF16);
           }
         }
       }
@@ -347,63 +333,44 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     // this thread's 8 columns are the same on every row it stores: their biases load once
     float bias[8];
     if (p.epi.on) epi_bias_run<8>(p.epi, static_cast<long long>(g) * p.Kg + col, cnt, bias);
-    // RB rows at a time: their C values and residuals load before the first store (see
-    // epi_residual_run).
-    constexpr int RB = 4;
-    static_assert((BM / RPP) % RB == 0, "rows per thread");
-    for (int r0 = er; r0 < BM; r0 += RB * RPP) {
-      float v[RB][8], res[RB][8];
-#pragma unroll
-      for (int u = 0; u < RB; ++u) {
-        const int r = r0 + u * RPP, m = m_base + r;
-        if (m >= p.M) break;
-        const float* src = Cs + r * LDC + ec * 8;
-        const float4 lo = *reinterpret_cast<const float4*>(src);
-        const float4 hi = *reinterpret_cast<const float4*>(src + 4);
-        v[u][0] = lo.x, v[u][1] = lo.y, v[u][2] = lo.z, v[u][3] = lo.w;
-        v[u][4] = hi.x, v[u][5] = hi.y, v[u][6] = hi.z, v[u][7] = hi.w;
-        if (p.epi.on)
-          epi_residual_run<8>(p.epi, static_cast<long long>(m) * p.K +
-                                         static_cast<long long>(g) * p.Kg + col, res[u], cnt);
+    for (int r = er; r < BM; r += RPP) {
+      const int m = m_base + r;
+      if (m >= p.M) break;
+      const float* src = Cs + r * LDC + ec * 8;
+      float4 lo = *reinterpret_cast<const float4*>(src);
+      float4 hi = *reinterpret_cast<const float4*>(src + 4);
+      const long long off =
+          static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg + col;
+      if (p.epi.on) {
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        epi_apply_run<8>(p.epi, off, bias, v, cnt);
+        lo = make_float4(v[0], v[1], v[2], v[3]);
+        hi = make_float4(v[4], v[5], v[6], v[7]);
       }
-#pragma unroll
-      for (int u = 0; u < RB; ++u) {
-        const int m = m_base + r0 + u * RPP;
-        if (m >= p.M) break;
-        const long long off =
-            static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg + col;
-        float* w = v[u];
-        if (p.epi.on) epi_finish_run<8>(p.epi, off, bias, res[u], w, cnt);
-        if (out32) {
-          float* d = static_cast<float*>(p.y) + off;
-          if (full) {
-            reinterpret_cast<float4*>(d)[0] = make_float4(w[0], w[1], w[2], w[3]);
-            reinterpret_cast<float4*>(d)[1] = make_float4(w[4], w[5], w[6], w[7]);
-          } else {  // predicated, unrolled: a runtime trip count would put v in local memory
-#pragma unroll
-            for (int q = 0; q < 8; ++q)
-              if (col + q < p.Kg) d[q] = w[q];
-          }
+      if (out32) {
+        float* d = static_cast<float*>(p.y) + off;
+        if (full) {
+          reinterpret_cast<float4*>(d)[0] = lo;
+          reinterpret_cast<float4*>(d)[1] = hi;
         } else {
-          uint4 pk;
-          pk.x = pack2(w[0], w[1], kF16);
-          pk.y = pack2(w[2], w[3], kF16);
-          pk.z = pack2(w[4], w[5], kF16);
-          pk.w = pack2(w[6], w[7], kF16);
-          unsigned short* d = static_cast<unsigned short*>(p.y) + off;
-          if (full) {
-            *reinterpret_cast<uint4*>(d) = pk;
-          } else {
-            const uint32_t wd[4] = {pk.x, pk.y, pk.z, pk.w};
-#pragma unroll
-            for (int q = 0; q < 8; ++q)
-              if (col + q < p.Kg)
-                d[q] = static_cast<unsigned short>(q % 2 ? wd[q / 2] >> 16 : wd[q / 2] & 0xffffu);
-          }
+          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          for (int q = 0; col + q < p.Kg; ++q) d[q] = v[q];
+        }
+      } else {
+        uint4 pk;
+        pk.x = pack2(lo.x, lo.y, kF16);
+        pk.y = pack2(lo.z, lo.w, kF16);
+        pk.z = pack2(hi.x, hi.y, kF16);
+        pk.w = pack2(hi.z, hi.w, kF16);
+        unsigned short* d = static_cast<unsigned short*>(p.y) + off;
+        if (full) {
+          *reinterpret_cast<uint4*>(d) = pk;
+        } else {
+          const unsigned short* h = reinterpret_cast<const unsigned short*>(&pk);
+          for (int q = 0; col + q < p.Kg; ++q) d[q] = h[q];
         }
       }
     }
-    return;  // the CTA's last tile: said outright, so the loader's state is dead here
   }
 #endif
 }

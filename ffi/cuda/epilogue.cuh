@@ -200,34 +200,11 @@ __device__ __forceinline__ void epi_bias_run(const EpiDev& e, long long k, int c
     if (q < cnt) b[q] = epi_detail::load<float>(e.bias, k + q, e.dtype);
 }
 
-namespace epi_detail {
-// A full 16-bit run at an aligned flat index: one vector access.
-template <int n>
-__device__ __forceinline__ bool vec_run(const EpiDev& e, long long i, int cnt) {
-  return (n == 2 || n == 4 || n == 8) && cnt == n && (e.dtype == 2 || e.dtype == 3) &&
-         e.aligned16 && i % n == 0;
-}
-// The end of every epilogue run: preact = v (when asked), then v = act(v) (also on v[q >= cnt]:
-// harmless, never stored).
-template <int n>
-__device__ __forceinline__ void preact_act_run(const EpiDev& e, long long i, float* v, int cnt) {
-  if (e.preact) {
-    if (vec_run<n>(e, i, cnt)) {
-      store16v<n>(e.preact, i, e.dtype, v);
-    } else {
-#pragma unroll
-      for (int q = 0; q < n; ++q)
-        if (q < cnt) store<float>(e.preact, i + q, e.dtype, v[q]);
-    }
-  }
-  act_run<n, float>(e, v);
-}
-}  // namespace epi_detail
-
 // The epilogue of cnt <= n consecutive values of one row (flat indices i + q, channels k + q:
 // NHWC, or any layout with unit channel stride), float accumulators, biases b from epi_bias_run.
-// v[q] for q >= cnt is left alone. The loops are unrolled with q < cnt as a predicate so that v
-// and b stay in registers (a runtime trip count would index them dynamically: local memory).
+// v[q] for q >= cnt is left alone. 16-bit residual/preact of a full run with i % n == 0 take one
+// vector access. The loops are unrolled with q < cnt as a predicate so that v and b stay in
+// registers (a runtime trip count would index them dynamically: local memory).
 template <int n>
 __device__ __forceinline__ void epi_apply_run(const EpiDev& e, long long i, const float* b, float* v,
                                               int cnt = n) {
@@ -235,8 +212,10 @@ __device__ __forceinline__ void epi_apply_run(const EpiDev& e, long long i, cons
 #pragma unroll
     for (int q = 0; q < n; ++q) v[q] += b[q];
   }
+  const bool vec = (n == 2 || n == 4 || n == 8) && cnt == n && (e.dtype == 2 || e.dtype == 3) &&
+                   e.aligned16 && i % n == 0;
   if (e.residual) {
-    if (epi_detail::vec_run<n>(e, i, cnt)) {
+    if (vec) {
       float r[n];
       epi_detail::load16v<n>(e.residual, i, e.dtype, r);
 #pragma unroll
@@ -247,40 +226,16 @@ __device__ __forceinline__ void epi_apply_run(const EpiDev& e, long long i, cons
         if (q < cnt) v[q] += epi_detail::load<float>(e.residual, i + q, e.dtype);
     }
   }
-  epi_detail::preact_act_run<n>(e, i, v, cnt);
-}
-
-// The same in two steps, for kernels that store several runs in a row: epi_residual_run loads
-// r[q] = residual[i + q] (0 beyond cnt and without a residual), epi_finish_run does the rest.
-// A kernel issues the residual loads of several rows before the first store: the compiler
-// cannot move a load above a store to y (they may alias), so load, add, store row after row
-// waits out each load's latency.
-template <int n>
-__device__ __forceinline__ void epi_residual_run(const EpiDev& e, long long i, float* r,
-                                                 int cnt = n) {
+  if (e.preact) {
+    if (vec) {
+      epi_detail::store16v<n>(e.preact, i, e.dtype, v);
+    } else {
 #pragma unroll
-  for (int q = 0; q < n; ++q) r[q] = 0.f;
-  if (!e.residual) return;
-  if (epi_detail::vec_run<n>(e, i, cnt)) {
-    epi_detail::load16v<n>(e.residual, i, e.dtype, r);
-    return;
+      for (int q = 0; q < n; ++q)
+        if (q < cnt) epi_detail::store<float>(e.preact, i + q, e.dtype, v[q]);
+    }
   }
-#pragma unroll
-  for (int q = 0; q < n; ++q)
-    if (q < cnt) r[q] = epi_detail::load<float>(e.residual, i + q, e.dtype);
-}
-template <int n>
-__device__ __forceinline__ void epi_finish_run(const EpiDev& e, long long i, const float* b,
-                                               const float* r, float* v, int cnt = n) {
-  if (e.bias) {
-#pragma unroll
-    for (int q = 0; q < n; ++q) v[q] += b[q];
-  }
-  if (e.residual) {
-#pragma unroll
-    for (int q = 0; q < n; ++q) v[q] += r[q];
-  }
-  epi_detail::preact_act_run<n>(e, i, v, cnt);
+  epi_detail::act_run<n, float>(e, v);  // also on v[q >= cnt]: harmless, never stored
 }
 
 // y = act(0 + bias + residual) for a convolution with an empty reduction (no input channels or
