@@ -141,14 +141,18 @@ struct Tr<2> {  // points 0, 1, -1, inf
 template <>
 struct Tr<4> {  // points 0, 1, -1, 2, -2, inf
   static constexpr int A = 6;
+  // BT rows (4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0), (0, -2, -1, 2, 1, 0),
+  // (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1) in 12 operations (6 adds, 6 multiply-adds).
   template <typename T>
   __device__ static void bt(const T* d, T* o) {
-    o[0] = T(4) * d[0] - T(5) * d[2] + d[4];
-    o[1] = -T(4) * (d[1] + d[2]) + d[3] + d[4];
-    o[2] = T(4) * (d[1] - d[2]) - d[3] + d[4];
-    o[3] = T(2) * (d[3] - d[1]) - d[2] + d[4];
-    o[4] = T(2) * (d[1] - d[3]) - d[2] + d[4];
-    o[5] = T(4) * d[1] - T(5) * d[3] + d[5];
+    const T a = d[4] - d[2], b = d[3] - d[1];
+    const T c = d[4] - T(4) * d[2], e = d[3] - T(4) * d[1];
+    o[0] = T(4) * (d[0] - d[2]) + a;
+    o[1] = c + e;
+    o[2] = c - e;
+    o[3] = a + T(2) * b;
+    o[4] = a - T(2) * b;
+    o[5] = (d[5] - d[3]) - T(4) * b;
   }
   template <typename T>
   __device__ static void g(const T* w, T* u) {
@@ -1003,14 +1007,9 @@ __global__ void __launch_bounds__(kThreads, WINO_GEMM_MINB) gemm_kernel(GemmArgs
 // emulation (tests/cuda/winograd/emu) the MMA is computed by the warp's lanes from fragments they
 // publish in shared scratch (lane = 4 g + t holds A (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4),
 // B (k = t, n = g), (t + 4, g) and C/D (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)), with
-// fp32 sums in k order: the fragment mapping is checked, not the hardware's rounding.
+// fp32 sums in k order, each operand read as tf32 (its low 13 bits ignored, as the tensor cores
+// do): the fragment mapping and the split are checked, not the hardware's rounding of sums.
 #ifdef JAXDNN_WINO_EMULATION
-inline uint32_t emu_tf32_rna(float x) {  // round to nearest, ties away; 10 fraction bits kept
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
-  return u;
-}
 inline float emu_f(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
@@ -1032,8 +1031,9 @@ inline void emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t
     const int row = g + (r / 2) * 8, col = 2 * t + r % 2;
     float sum = c[r];
     for (int k = 0; k < 8; ++k) {
-      const float av = emu_f(frags[warp][(row % 8) * 4 + k % 4].a[row / 8 + 2 * (k / 4)]);
-      const float bv = emu_f(frags[warp][col * 4 + k % 4].b[k / 4]);
+      const float av =
+          emu_f(frags[warp][(row % 8) * 4 + k % 4].a[row / 8 + 2 * (k / 4)] & 0xffffe000u);
+      const float bv = emu_f(frags[warp][col * 4 + k % 4].b[k / 4] & 0xffffe000u);
       sum += av * bv;
     }
     out[r] = sum;
@@ -1043,14 +1043,29 @@ inline void emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t
 }
 #endif
 
+__device__ __forceinline__ float f32_of_bits(uint32_t u) {
+#ifdef JAXDNN_WINO_EMULATION
+  return emu_f(u);
+#else
+  return __uint_as_float(u);
+#endif
+}
+
+// x = big + small: big = x rounded to TF32 (to nearest, ties away, by an integer add into the
+// 13 dropped bits: a carry moves into the exponent as it should, and inf / NaN stay inf / NaN),
+// small = x - big (exact: the two are within half a TF32 step). small goes to the tensor cores
+// whole, which read its top 19 bits (truncation: |error| < 2^-21 |x|, the size of the dropped
+// small * small term). Three instructions; cvt.rna.tf32.f32 compiles to three for big alone.
 __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
 #ifdef JAXDNN_WINO_EMULATION
-  big = emu_tf32_rna(x);
-  small = emu_tf32_rna(x - emu_f(big));
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  big = (u + 0x1000u) & 0xffffe000u;
+  const float rest = x - emu_f(big);
+  std::memcpy(&small, &rest, 4);
 #else
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(x));
-  const float rest = x - __uint_as_float(big);
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(rest));
+  big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  small = __float_as_uint(x - __uint_as_float(big));
 #endif
 }
 
@@ -1086,7 +1101,8 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 // ---------------------------------------------------------------------------------------------
 // The same batched GEMM on the tensor cores for float compute (Tc = float: float32 operands, and
 // bf16/f16 operands, whose transforms are float): "3xTF32". Each operand value x splits into
-// big = tf32(x) (cvt.rna, 11 significant bits) and small = tf32(x - big) (the next 11), and
+// big = tf32(x) (11 significant bits, rounded to nearest) and small = x - big, of which the
+// tensor cores read the next 11 bits (split_tf32), and
 //   a * b ~= big_a big_b + big_a small_b + small_a big_b   (small_a small_b, ~2^-22 a b, dropped)
 // as three m16n8k8 TF32 mma.sync with fp32 accumulation (small terms first): products at about
 // fp32's error at a fraction of FFMA's cost (errors measured by tests/cuda/winograd/check.cu).
@@ -1475,50 +1491,40 @@ fused_wgrad_kernel(const T* __restrict__ x, const T* __restrict__ dy, Pass ps, i
 //        is added to the sums in fp32 (round to nearest; the tensor cores truncate when they add).
 //   Then the sums go through shared memory (Ms) and each thread makes Y = AT M AT^T of (tile,
 //   channel) pairs, cropped, in the output dtype.
-// Two schedules (compile time, WINO_FTC_PIPE; tests/cuda/winograd/sweep.sh times both):
-//   0: per chunk c: barrier, copies of c + 1, transform c, barrier, products c. Rows padded
-//      (U 40, V 12 floats). Measured on the H200 (below).
-//   1: one barrier per chunk; transform c + 1 and products c between the same two barriers (the
-//      warps overlap the FP32 and tensor pipes), so V has two buffers too; U and V rows are
-//      XOR-swizzled instead of padded so that the six buffers fit (fp32: 223 KB). Emulated, not
-//      yet timed.
+// Schedule per chunk c: barrier, copies of c + 1, transform c, barrier, products c (a schedule
+// with one barrier per chunk and the transform beside the products measured 1-5 % slower on the
+// H200, gpu-h200-2026-12-02-s9.md). Nsight Compute showed the kernel bound by instruction issue
+// (about 1670 instructions per warp per chunk against 72 mma.sync), most of it the copy loops'
+// index arithmetic; so each thread now derives its copies once (FtCopies: one source pointer,
+// a mask and a destination per operand, advanced by a constant per chunk), and the A fragments
+// are read with ldmatrix (one instruction per 16 x 8 fragment instead of four loads).
 // Scope: channels-last, pass input channels per group a multiple of 8 (whole 16-byte chunks);
 // fused_tc_refusal says why otherwise (the family then runs fused_kernel's F(2x2)). Every sum
-// runs over the channels in a fixed order, the same in both schedules.
-// H200 (schedule 0, fp32, N = 32, kernel-only): vgg_c3_2 1.97 ms, r50_c3_3x3 0.169 ms: 2.3-3x
-// fused_kernel's F(2x2), still 1.2-2.7x slower than WINOGRAD_NONFUSED
-// (benchmarks/results/gpu-h200-2026-12-01-s8.md).
+// runs over the channels in a fixed order.
 // 12 warps, 3 points each: the register file is split between the SM's four schedulers, so 9
 // warps would get the registers of 12 (168 a thread: the 4-point warps' sums spilled).
-#ifndef WINO_FTC_PIPE
-#define WINO_FTC_PIPE 0
-#endif
-constexpr bool kFtPipe = WINO_FTC_PIPE != 0;
-// CTA tile (compile time, WINO_FTC_TILES x WINO_FTC_K; the sweep also times 16 x 64: half the
-// input windows and transforms per product, twice the U slice).
-#ifndef WINO_FTC_TILES
-#define WINO_FTC_TILES 32
-#endif
-#ifndef WINO_FTC_K
-#define WINO_FTC_K 32
-#endif
-constexpr int kFtTiles = WINO_FTC_TILES, kFtK = WINO_FTC_K, kFtC = 8, kFtWarps = 12;
+constexpr int kFtTiles = 32, kFtK = 32, kFtC = 8, kFtWarps = 12;
 constexpr int kFtThreads = 32 * kFtWarps;
 constexpr int kFtPoints = 36 / kFtWarps;  // points per warp
 constexpr int kFtRawP = 36 * kFtC + 8;    // raw window stride (elements) of a tile, padded
-// Us rows (pass output channels): B fragment reads (k = t, n = g) hit banks 8t + g, by padding
-// (40) or by XOR-ing column blocks of 8 with row % 4 (32). Vs rows (input channels): A reads
-// (row g, col t) hit 12g + t (padded to 12) or 8 (g % 4) + (t ^ 4 (g / 4 % 2)) (8, XOR-ed).
-constexpr int kFtUL = kFtPipe ? kFtK : kFtK + 8;
-constexpr int kFtVL = kFtPipe ? kFtC : kFtC + 4;
+// Us rows (input channels): B fragment reads (k = t, n = g) hit banks 8t + g (rows of 40).
+// Vs rows (tiles): ldmatrix reads 8 rows of 16 bytes at a stride of 48 bytes: 8 distinct
+// 16-byte bank groups.
+constexpr int kFtUL = kFtK + 8;
+constexpr int kFtVL = kFtC + 4;
 constexpr int kFtML = kFtK + 4;  // Ms row
-constexpr int kFtVBuffers = kFtPipe ? 2 : 1;
+// Copies per thread and chunk: a tile's window rows are split between 12 threads (row r / 2,
+// half r % 2 of its 6 pixels); U's 36 x 8 rows of 8 16-byte parts between all threads.
+constexpr int kFtTileThreads = kFtThreads / kFtTiles;
+constexpr int kFtUParts = kFtK / 4, kFtURowStep = kFtThreads / kFtUParts;
+constexpr int kFtUCopies = 36 * kFtC / kFtURowStep;
 static_assert(kFtWarps * kFtPoints == 36 && kFtTiles * kFtC <= kFtThreads && kFtTiles % 16 == 0 &&
-                  kFtK % 32 == 0,
+                  kFtK % 32 == 0 && kFtTileThreads == 12 && kFtURowStep % kFtC == 0 &&
+                  kFtUCopies * kFtURowStep == 36 * kFtC,
               "fused TC layout");
-__device__ __forceinline__ int ft_u_col(int c, int n) { return kFtPipe ? n ^ ((c & 3) * 8) : n; }
-__device__ __forceinline__ int ft_v_col(int row, int c) {
-  return kFtPipe ? c ^ (((row >> 2) & 1) * 4) : c;
+template <typename T>
+constexpr int ft_raw_copies() {  // 16-byte copies per half window row
+  return 3 * (kFtC * static_cast<int>(sizeof(T)) / 16);
 }
 template <typename T>
 constexpr size_t ft_raw_bytes() {
@@ -1529,64 +1535,119 @@ constexpr size_t kFtVBytes = size_t{36} * kFtTiles * kFtVL * 4;
 constexpr size_t kFtMBytes = size_t{36} * kFtTiles * kFtML * 4;
 template <typename T>
 constexpr size_t ft_smem_bytes() {
-  return std::max(2 * (ft_raw_bytes<T>() + kFtUBytes) + kFtVBuffers * kFtVBytes, kFtMBytes);
+  return std::max(2 * (ft_raw_bytes<T>() + kFtUBytes) + kFtVBytes, kFtMBytes);
 }
 static_assert(ft_smem_bytes<float>() <= 227 * 1024, "fused TC shared memory");
+
+// ldmatrix.x4 of 32-bit elements: lane l gives the address of row l % 8 of matrix l / 8 (16
+// bytes each) and receives element (l / 4, l % 4) of each matrix. For a 16 x 8 tf32 A tile at
+// rows i = 0..15 (row stride ld floats): matrices (rows 0-7 | 8-15) x (cols 0-3 | 4-7) give the
+// m16n8k8 fragment (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const float* row) {
+#ifdef JAXDNN_WINO_EMULATION
+  static const float* rows[32][32];  // [warp][lane]; one block runs at a time
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  rows[warp][lane] = row;
+  __syncwarp();
+  for (int m = 0; m < 4; ++m) std::memcpy(&r[m], rows[warp][m * 8 + lane / 4] + lane % 4, 4);
+  __syncwarp();
+#else
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s)
+               : "memory");
+#endif
+}
+
+// One thread's share of every chunk's copies, derived once per CTA: chunk ch reads its input
+// window pixels at raw_src + ch * 8 + (j / PPX) * raw_col + (j % PPX) * PX (copy j < ft_raw_copies,
+// zero-filled unless bit j of raw_ok) into raw_dst + j * PX of the stage, and U's rows at
+// u_src + ch * u_chunk + j * u_step into u_dst + j * 6 x 8 x UL floats (zero-filled unless u_ok).
+template <typename T>
+struct FtCopies {
+  const T* raw_src;
+  i64 raw_col;  // stride of a window column (the input's column stride)
+  unsigned raw_ok;
+  int raw_dst;
+  const float* u_src;
+  i64 u_step, u_chunk;
+  bool u_ok;
+  int u_dst;
+};
 
 // The per-CTA view fused_tc_kernel's helpers share: its operands, block and shared buffers.
 template <typename T>
 struct FtBlock {
   const T* in;
-  const float* U;   // the operand (base of every U copy that is not read)
-  const float* Ug;  // U of the block's group
-  i64 k0;
-  const i64* t_base;  // per tile: the plane and group channel offset in `in`
-  const int* t_h0;    // per tile: the window's first row and column (past the last tile: far
-  const int* t_w0;    // outside, so that every copy zero-fills)
-  T* raw;             // [2][TT][kFtRawP]
-  float* us;          // [2][36][CC][UL]
-  float* vs;          // [kFtVBuffers][36][TT][VL]
+  const float* U;  // the operand (a harmless source for zero-filling copies)
+  T* raw;          // [2][TT][kFtRawP]
+  float* us;       // [2][36][CC][UL]
+  float* vs;       // [36][TT][VL]
 };
 
-// cp.async of chunk ch (8 input channels) into buffer st, without a commit: the 32 tiles' 6 x 6
-// input windows, zero-filled outside the image (ft_issue_raw), and U's 36 x 8 x 32 slice
-// (ft_issue_u).
 template <typename T>
-__device__ __forceinline__ void ft_issue_raw(const FtBlock<T>& b, const Pass& ps, int st,
-                                             int ch) {
-  constexpr int TT = kFtTiles, CC = kFtC, PX = 16 / sizeof(T), PPX = CC / PX;
-  const i64 c0 = i64{ch} * CC;
-  const int H = static_cast<int>(ps.H), W = static_cast<int>(ps.W);
-  T* const raw = b.raw + st * TT * kFtRawP;
-#pragma unroll 2
-  for (int q = threadIdx.x; q < TT * 36 * PPX; q += kFtThreads) {
-    const int part = q % PPX, pix = q / PPX % 36, tl = q / (PPX * 36);
-    const int h = b.t_h0[tl] + pix / 6, w = b.t_w0[tl] + pix % 6;
-    const bool ok = h >= 0 && h < H && w >= 0 && w < W;
-    const T* src =
-        ok ? b.in + b.t_base[tl] + h * ps.is.sp[1] + w * ps.is.sp[2] + c0 + part * PX : b.in;
-    cp_async16_ca(raw + tl * kFtRawP + pix * CC + part * PX, src, ok);
+__device__ __forceinline__ FtCopies<T> ft_copies(const FtBlock<T>& b, const Pass& ps, i64 tile0,
+                                                 i64 tiles, i64 gr, i64 k0) {
+  constexpr int PX = 16 / sizeof(T), PPX = kFtC / PX, NR = ft_raw_copies<T>();
+  const int tid = threadIdx.x;
+  FtCopies<T> cp;
+  // Input: tile tl, window row `row`, pixels half * 3 .. half * 3 + 2 of it.
+  const int tl = tid / kFtTileThreads, row = tid % kFtTileThreads / 2,
+            half = tid % kFtTileThreads % 2;
+  const i64 t = tile0 + tl;
+  cp.raw_col = ps.is.sp[2];
+  cp.raw_dst = tl * kFtRawP + (row * 6 + half * 3) * kFtC;
+  cp.raw_ok = 0;
+  cp.raw_src = b.in;
+  if (t < tiles) {
+    const TilePos pos = tile_pos(ps, t);
+    const i64 h = pos.ti * 4 - ps.pad_h + row, w0 = pos.tj * 4 - ps.pad_w + half * 3;
+    if (h >= 0 && h < ps.H) {
+#pragma unroll
+      for (int j = 0; j < NR; ++j) {
+        const i64 w = w0 + j / PPX;
+        if (w >= 0 && w < ps.W) cp.raw_ok |= 1u << j;
+      }
+      cp.raw_src =
+          b.in + ps.plane_off(ps.is, pos.pl) + gr * ps.Cig + h * ps.is.sp[1] + w0 * ps.is.sp[2];
+    }
   }
-}
-template <typename T>
-__device__ __forceinline__ void ft_issue_u(const FtBlock<T>& b, const Pass& ps, int st,
-                                           int ch) {
-  constexpr int KB = kFtK, CC = kFtC;
-  const i64 c0 = i64{ch} * CC, point = ps.G * ps.Cgp * ps.Kgp;
-  float* const us = b.us + st * 36 * CC * kFtUL;
-#pragma unroll 2
-  for (int q = threadIdx.x; q < 36 * CC * (KB / 4); q += kFtThreads) {
-    const int part = q % (KB / 4), c = q / (KB / 4) % CC, xi = q / (KB / 4 * CC);
-    const i64 k = b.k0 + part * 4;
-    const bool ok = k < ps.Kgp;  // Kgp is a multiple of 8: a 4-column chunk is whole
-    cp_async16(us + (xi * CC + c) * kFtUL + ft_u_col(c, part * 4),
-               ok ? b.Ug + xi * point + (c0 + c) * ps.Kgp + k : b.U, ok);
-  }
+  // U: part p of rows R = r0 + 48 j (point R / 8, channel R % 8).
+  const int part = tid % kFtUParts, r0 = tid / kFtUParts;
+  const i64 point = ps.G * ps.Cgp * ps.Kgp;
+  cp.u_ok = k0 + part * 4 < ps.Kgp;  // Kgp is a multiple of 8: a 4-column part is whole
+  const float* Ug = b.U + gr * ps.Cgp * ps.Kgp;
+  cp.u_src = cp.u_ok ? Ug + (r0 / kFtC) * point + (r0 % kFtC) * ps.Kgp + k0 + part * 4 : b.U;
+  cp.u_step = cp.u_ok ? (kFtURowStep / kFtC) * point : 0;
+  cp.u_chunk = cp.u_ok ? i64{kFtC} * ps.Kgp : 0;
+  cp.u_dst = r0 * kFtUL + part * 4;
+  return cp;
 }
 
-// V = BT d BT^T of the 256 (tile, channel) windows of raw stage st into V buffer vb.
+// cp.async of chunk ch (8 input channels) into buffer st, without a commit: the tiles' 6 x 6
+// input windows, zero-filled outside the image, and U's 36 x 8 x 32 slice.
 template <typename T>
-__device__ __forceinline__ void ft_transform(const FtBlock<T>& b, int st, int vb) {
+__device__ __forceinline__ void ft_issue(const FtBlock<T>& b, const FtCopies<T>& cp, int st,
+                                         int ch) {
+  constexpr int PX = 16 / sizeof(T), PPX = kFtC / PX, NR = ft_raw_copies<T>();
+  T* const raw = b.raw + st * kFtTiles * kFtRawP + cp.raw_dst;
+  const T* const src = cp.raw_src + i64{ch} * kFtC;
+#pragma unroll
+  for (int j = 0; j < NR; ++j) {
+    const bool ok = (cp.raw_ok >> j) & 1u;
+    cp_async16_ca(raw + j * PX, ok ? src + (j / PPX) * cp.raw_col + (j % PPX) * PX : b.in, ok);
+  }
+  float* const us = b.us + st * 36 * kFtC * kFtUL + cp.u_dst;
+  const float* const usrc = cp.u_src + ch * cp.u_chunk;
+#pragma unroll
+  for (int j = 0; j < kFtUCopies; ++j)
+    cp_async16(us + j * kFtURowStep * kFtUL, usrc + j * cp.u_step, cp.u_ok);
+}
+
+// V = BT d BT^T of the 256 (tile, channel) windows of raw stage st.
+template <typename T>
+__device__ __forceinline__ void ft_transform(const FtBlock<T>& b, int st) {
   constexpr int TT = kFtTiles, CC = kFtC;
   const int tid = threadIdx.x;
   if (tid >= TT * CC) return;
@@ -1603,7 +1664,7 @@ __device__ __forceinline__ void ft_transform(const FtBlock<T>& b, int st, int vb
 #pragma unroll
     for (int i = 0; i < 6; ++i) tmp[i][v] = res[i];
   }
-  float* dst = b.vs + vb * 36 * TT * kFtVL + tl * kFtVL + ft_v_col(tl, cc);
+  float* dst = b.vs + tl * kFtVL + cc;
 #pragma unroll
   for (int i = 0; i < 6; ++i) {
     float res[6];
@@ -1613,33 +1674,33 @@ __device__ __forceinline__ void ft_transform(const FtBlock<T>& b, int st, int vb
   }
 }
 
-// This warp's points' products of one chunk: acc += V[vb] (32 x 8) x U[st] (8 x 32) per point.
+// This warp's points' products of one chunk: acc += V (32 x 8) x U[st] (8 x 32) per point.
 template <typename T>
-__device__ __forceinline__ void ft_products(const FtBlock<T>& b, int vb, int st,
+__device__ __forceinline__ void ft_products(const FtBlock<T>& b, int st,
                                             float (&acc)[kFtPoints][kFtTiles / 16][kFtK / 8][4]) {
   constexpr int TT = kFtTiles, KB = kFtK, CC = kFtC;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g8 = lane / 4, t4 = lane % 4;
   const float* const us = b.us + st * 36 * CC * kFtUL;
-  const float* const vs = b.vs + vb * 36 * TT * kFtVL;
+  // ldmatrix row of this lane: row (lane / 8 % 2) * 8 + lane % 8, column block lane / 16.
+  const float* const vrow = b.vs + ((lane / 8 % 2) * 8 + lane % 8) * kFtVL + (lane / 16) * 4;
 #pragma unroll
   for (int pp = 0; pp < kFtPoints; ++pp) {
     const int xi = warp * kFtPoints + pp;
-    const float* va = vs + xi * TT * kFtVL;
     const float* ub = us + xi * CC * kFtUL;
     uint32_t ab[TT / 16][4], as[TT / 16][4], bb[KB / 8][2], bs[KB / 8][2];
 #pragma unroll
-    for (int i = 0; i < TT / 16; ++i)
+    for (int i = 0; i < TT / 16; ++i) {
+      uint32_t raw[4];
+      ldsm_x4(raw, vrow + (xi * TT + i * 16) * kFtVL);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {  // (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-        const int row = i * 16 + g8 + (r % 2) * 8;
-        split_tf32(va[row * kFtVL + ft_v_col(row, t4 + (r / 2) * 4)], ab[i][r], as[i][r]);
-      }
+      for (int r = 0; r < 4; ++r) split_tf32(f32_of_bits(raw[r]), ab[i][r], as[i][r]);
+    }
 #pragma unroll
     for (int j = 0; j < KB / 8; ++j)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {  // (k = t, n = g), (t + 4, g)
         const int k = t4 + r * 4;
-        split_tf32(ub[k * kFtUL + ft_u_col(k, j * 8 + g8)], bb[j][r], bs[j][r]);
+        split_tf32(ub[k * kFtUL + j * 8 + g8], bb[j][r], bs[j][r]);
       }
 #pragma unroll
     for (int i = 0; i < TT / 16; ++i)
@@ -1665,69 +1726,30 @@ fused_tc_kernel(const T* __restrict__ in, const float* __restrict__ U, Pass ps, 
 #else
   extern __shared__ __align__(16) unsigned char smem[];
 #endif
-  WINO_SMEM i64 t_base[TT];
-  WINO_SMEM int t_h0[TT], t_w0[TT];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g8 = lane / 4, t4 = lane % 4;
   const i64 blk = blockIdx.x;
   const i64 tb = blk % tblocks, kb = blk / tblocks % kblocks, gr = blk / (tblocks * kblocks);
   const i64 tile0 = tb * TT, k0 = kb * KB;
-  if (tid < TT) {
-    const i64 t = tile0 + tid;
-    if (t < tiles) {
-      const TilePos pos = tile_pos(ps, t);
-      t_base[tid] = ps.plane_off(ps.is, pos.pl) + gr * ps.Cig;
-      t_h0[tid] = static_cast<int>(pos.ti * 4 - ps.pad_h);
-      t_w0[tid] = static_cast<int>(pos.tj * 4 - ps.pad_w);
-    } else {
-      t_base[tid] = 0, t_h0[tid] = -(1 << 30), t_w0[tid] = 0;
-    }
-  }
-  __syncthreads();
   FtBlock<T> b;
-  b.in = in, b.U = U, b.Ug = U + gr * ps.Cgp * ps.Kgp, b.k0 = k0;
-  b.t_base = t_base, b.t_h0 = t_h0, b.t_w0 = t_w0;
+  b.in = in, b.U = U;
   b.raw = reinterpret_cast<T*>(smem);
   b.us = reinterpret_cast<float*>(smem + 2 * ft_raw_bytes<T>());
   b.vs = b.us + 2 * 36 * CC * kFtUL;
+  const FtCopies<T> cp = ft_copies(b, ps, tile0, tiles, gr, k0);
   const int nchunks = static_cast<int>(ps.Cgp / CC);  // Cgp = Cig here (a multiple of 8)
 
   float acc[kFtPoints][TT / 16][KB / 8][4] = {};
-  if constexpr (!kFtPipe) {
-    ft_issue_raw(b, ps, 0, 0), ft_issue_u(b, ps, 0, 0);
-    cp_async_commit();
+  ft_issue(b, cp, 0, 0);
+  cp_async_commit();
 #pragma unroll 1
-    for (int ch = 0; ch < nchunks; ++ch) {
-      cp_async_wait<0>();
-      __syncthreads();  // chunk ch landed for all; every warp is done with Vs and stage ch + 1
-      if (ch + 1 < nchunks)
-        ft_issue_raw(b, ps, (ch + 1) & 1, ch + 1), ft_issue_u(b, ps, (ch + 1) & 1, ch + 1);
-      cp_async_commit();
-      ft_transform(b, ch & 1, 0);
-      __syncthreads();
-      ft_products(b, 0, ch & 1, acc);
-    }
-  } else {
-    // Groups: {raw 0, U 0}, {raw 1}; then per iteration ch: {raw ch + 2, U ch + 1}. Raw chunk c
-    // and U chunk c live in buffers c & 1, V of chunk c in V buffer c & 1.
-    ft_issue_raw(b, ps, 0, 0), ft_issue_u(b, ps, 0, 0);
+  for (int ch = 0; ch < nchunks; ++ch) {
+    cp_async_wait<0>();
+    __syncthreads();  // chunk ch landed for all; every warp is done with Vs and stage ch + 1
+    if (ch + 1 < nchunks) ft_issue(b, cp, (ch + 1) & 1, ch + 1);
     cp_async_commit();
-    if (nchunks > 1) ft_issue_raw(b, ps, 1, 1);
-    cp_async_commit();
-    cp_async_wait<1>();
+    ft_transform(b, ch & 1);
     __syncthreads();
-    ft_transform(b, 0, 0);
-#pragma unroll 1
-    for (int ch = 0; ch < nchunks; ++ch) {
-      cp_async_wait<0>();  // raw ch + 1 and U ch (this thread's copies)
-      // Every copy of raw ch + 1 and U ch landed and V ch is complete; transform ch and the
-      // products of ch - 1 are done, so raw buffer ch & 1 and U, V buffers (ch + 1) & 1 are free.
-      __syncthreads();
-      if (ch + 2 < nchunks) ft_issue_raw(b, ps, ch & 1, ch + 2);
-      if (ch + 1 < nchunks) ft_issue_u(b, ps, (ch + 1) & 1, ch + 1);
-      cp_async_commit();
-      if (ch + 1 < nchunks) ft_transform(b, (ch + 1) & 1, (ch + 1) & 1);
-      ft_products(b, ch & 1, ch & 1, acc);
-    }
+    ft_products(b, ch & 1, acc);
   }
   __syncthreads();  // Ms overlays the stages and Vs
   float* const ms = reinterpret_cast<float*>(smem);  // [36][TT][ML]

@@ -32,19 +32,7 @@ if [ "${SWEEP_SET:-}" = tc ]; then
     "u2_st4|-DWINO_TC_UNROLL=2 -DWINO_TC_STAGES_WIDE=4"
   )
 fi
-# SWEEP_SET=ftc: the schedules and CTA tiles of WINOGRAD's tensor-core F(4x4) kernel
-# (fused_tc_kernel), timed on its own rows (FUSED_F4: fp32 and bf16 NHWC fwd / dgrad) instead of
-# NONFUSED's.
 BENCH_SEL="BENCH_MAIN_ONLY=1"
-if [ "${SWEEP_SET:-}" = ftc ]; then
-  VARIANTS=(
-    "ftc_pipe0|-DWINO_FTC_PIPE=0"
-    "ftc_pipe1|-DWINO_FTC_PIPE=1"
-    "ftc_t16k64|-DWINO_FTC_TILES=16 -DWINO_FTC_K=64"
-    "ftc_t16k64_pipe1|-DWINO_FTC_TILES=16 -DWINO_FTC_K=64 -DWINO_FTC_PIPE=1"
-  )
-  BENCH_SEL="BENCH_VARIANT=FUSED_F4"
-fi
 # SWEEP_EXTRA=1 adds settings whose fp32 m-major wide kernel spills 20-68 bytes at the
 # 128-register cap of 2 CTAs/SM (measured locally with nvcc 13.0; informative only).
 if [ "${SWEEP_EXTRA:-0}" = 1 ]; then
