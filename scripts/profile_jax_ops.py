@@ -60,6 +60,15 @@ CASES["conv f+b fused"] = (
 CASES["conv f+b unfused"] = (
     _fwd_bwd(lambda x, w, b: jax.nn.relu(jaxdnn.conv(x, w, **conv_kw) + b)),
     (x_fb, w_fb, b_fb, ct_fb))
+# The Winograd families in float32 at HIGHEST precision (#4's bar), r50_c3_3x3: the filter
+# transform call and the transforms / products kernels of one convolution.
+x_w32 = jnp.asarray(rng.standard_normal((32, 28, 28, 128)), jnp.float32)
+w_w32 = jnp.asarray(rng.standard_normal((3, 3, 128, 128)) * 0.05, jnp.float32)
+for algo in ("winograd_nonfused", "winograd"):
+  CASES[f"conv fp32 {algo}"] = (
+      lambda x, w, algo=algo: jaxdnn.conv(x, w, **{**conv_kw, "algo": algo},
+                                          precision=jax.lax.Precision.HIGHEST),
+      (x_w32, w_w32))
 if os.environ.get("PROFILE_CASES"):  # comma-separated substrings of the case names
   keep = os.environ["PROFILE_CASES"].split(",")
   CASES = {k: v for k, v in CASES.items() if any(t in k for t in keep)}

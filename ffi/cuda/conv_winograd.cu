@@ -1513,8 +1513,11 @@ constexpr int kFtRawP = 36 * kFtC + 8;    // raw window stride (elements) of a t
 constexpr int kFtUL = kFtK + 8;
 constexpr int kFtVL = kFtC + 4;
 constexpr int kFtML = kFtK + 4;  // Ms row
-// Copies per thread and chunk: a tile's window rows are split between 12 threads (row r / 2,
-// half r % 2 of its 6 pixels); U's 36 x 8 rows of 8 16-byte parts between all threads.
+// Copies per thread and chunk: a tile's window rows are split between 12 threads r, two a row
+// (row r / 2), so that adjacent lanes copy adjacent 16-byte parts: with 32-bit elements (two
+// parts a pixel) part r % 2 of the row's 6 pixels, with 16-bit elements (a pixel's 8 channels in
+// one part) pixels 3 (r % 2) .. 3 (r % 2) + 2. U's 36 x 8 rows of 8 16-byte parts go to all
+// threads, a row's parts to adjacent lanes.
 constexpr int kFtTileThreads = kFtThreads / kFtTiles;
 constexpr int kFtUParts = kFtK / 4, kFtURowStep = kFtThreads / kFtUParts;
 constexpr int kFtUCopies = 36 * kFtC / kFtURowStep;
@@ -1523,7 +1526,7 @@ static_assert(kFtWarps * kFtPoints == 36 && kFtTiles * kFtC <= kFtThreads && kFt
                   kFtUCopies * kFtURowStep == 36 * kFtC,
               "fused TC layout");
 template <typename T>
-constexpr int ft_raw_copies() {  // 16-byte copies per half window row
+constexpr int ft_raw_copies() {  // 16-byte copies per thread: half a window row's parts
   return 3 * (kFtC * static_cast<int>(sizeof(T)) / 16);
 }
 template <typename T>
@@ -1561,9 +1564,9 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const float* row) {
 }
 
 // One thread's share of every chunk's copies, derived once per CTA: chunk ch reads its input
-// window pixels at raw_src + ch * 8 + (j / PPX) * raw_col + (j % PPX) * PX (copy j < ft_raw_copies,
-// zero-filled unless bit j of raw_ok) into raw_dst + j * PX of the stage, and U's rows at
-// u_src + ch * u_chunk + j * u_step into u_dst + j * 6 x 8 x UL floats (zero-filled unless u_ok).
+// window pixels at raw_src + ch * 8 + j * raw_col (copy j < ft_raw_copies, zero-filled unless
+// bit j of raw_ok) into raw_dst + j * 8 of the stage, and U's rows at u_src + ch * u_chunk +
+// j * u_step into u_dst + j * 6 x 8 x UL floats (zero-filled unless u_ok).
 template <typename T>
 struct FtCopies {
   const T* raw_src;
@@ -1592,36 +1595,35 @@ __device__ __forceinline__ FtCopies<T> ft_copies(const FtBlock<T>& b, const Pass
   constexpr int PX = 16 / sizeof(T), PPX = kFtC / PX, NR = ft_raw_copies<T>();
   const int tid = threadIdx.x;
   FtCopies<T> cp;
-  // Input: tile tl, window row `row`, pixels half * 3 .. half * 3 + 2 of it.
-  const int tl = tid / kFtTileThreads, row = tid % kFtTileThreads / 2,
-            half = tid % kFtTileThreads % 2;
+  // Input: tile tl, window row `row`, its pixels col0 .. col0 + NR - 1, part `part` of each.
+  const int tl = tid / kFtTileThreads, row = tid % kFtTileThreads / 2, r2 = tid % 2;
+  const int part = PPX == 2 ? r2 : 0, col0 = PPX == 2 ? 0 : 3 * r2;
+  static_assert((PPX == 2 && NR == 6) || (PPX == 1 && NR == 3), "window row split");
   const i64 t = tile0 + tl;
   cp.raw_col = ps.is.sp[2];
-  cp.raw_dst = tl * kFtRawP + (row * 6 + half * 3) * kFtC;
+  cp.raw_dst = tl * kFtRawP + (row * 6 + col0) * kFtC + part * PX;
   cp.raw_ok = 0;
   cp.raw_src = b.in;
   if (t < tiles) {
     const TilePos pos = tile_pos(ps, t);
-    const i64 h = pos.ti * 4 - ps.pad_h + row, w0 = pos.tj * 4 - ps.pad_w + half * 3;
+    const i64 h = pos.ti * 4 - ps.pad_h + row, w0 = pos.tj * 4 - ps.pad_w + col0;
     if (h >= 0 && h < ps.H) {
 #pragma unroll
-      for (int j = 0; j < NR; ++j) {
-        const i64 w = w0 + j / PPX;
-        if (w >= 0 && w < ps.W) cp.raw_ok |= 1u << j;
-      }
-      cp.raw_src =
-          b.in + ps.plane_off(ps.is, pos.pl) + gr * ps.Cig + h * ps.is.sp[1] + w0 * ps.is.sp[2];
+      for (int j = 0; j < NR; ++j)
+        if (w0 + j >= 0 && w0 + j < ps.W) cp.raw_ok |= 1u << j;
+      cp.raw_src = b.in + ps.plane_off(ps.is, pos.pl) + gr * ps.Cig + h * ps.is.sp[1] +
+                   w0 * ps.is.sp[2] + part * PX;
     }
   }
-  // U: part p of rows R = r0 + 48 j (point R / 8, channel R % 8).
-  const int part = tid % kFtUParts, r0 = tid / kFtUParts;
+  // U: part up of rows R = r0 + 48 j (point R / 8, channel R % 8).
+  const int up = tid % kFtUParts, r0 = tid / kFtUParts;
   const i64 point = ps.G * ps.Cgp * ps.Kgp;
-  cp.u_ok = k0 + part * 4 < ps.Kgp;  // Kgp is a multiple of 8: a 4-column part is whole
+  cp.u_ok = k0 + up * 4 < ps.Kgp;  // Kgp is a multiple of 8: a 4-column part is whole
   const float* Ug = b.U + gr * ps.Cgp * ps.Kgp;
-  cp.u_src = cp.u_ok ? Ug + (r0 / kFtC) * point + (r0 % kFtC) * ps.Kgp + k0 + part * 4 : b.U;
+  cp.u_src = cp.u_ok ? Ug + (r0 / kFtC) * point + (r0 % kFtC) * ps.Kgp + k0 + up * 4 : b.U;
   cp.u_step = cp.u_ok ? (kFtURowStep / kFtC) * point : 0;
   cp.u_chunk = cp.u_ok ? i64{kFtC} * ps.Kgp : 0;
-  cp.u_dst = r0 * kFtUL + part * 4;
+  cp.u_dst = r0 * kFtUL + up * 4;
   return cp;
 }
 
@@ -1630,13 +1632,13 @@ __device__ __forceinline__ FtCopies<T> ft_copies(const FtBlock<T>& b, const Pass
 template <typename T>
 __device__ __forceinline__ void ft_issue(const FtBlock<T>& b, const FtCopies<T>& cp, int st,
                                          int ch) {
-  constexpr int PX = 16 / sizeof(T), PPX = kFtC / PX, NR = ft_raw_copies<T>();
+  constexpr int NR = ft_raw_copies<T>();
   T* const raw = b.raw + st * kFtTiles * kFtRawP + cp.raw_dst;
   const T* const src = cp.raw_src + i64{ch} * kFtC;
 #pragma unroll
   for (int j = 0; j < NR; ++j) {
     const bool ok = (cp.raw_ok >> j) & 1u;
-    cp_async16_ca(raw + j * PX, ok ? src + (j / PPX) * cp.raw_col + (j % PPX) * PX : b.in, ok);
+    cp_async16_ca(raw + j * kFtC, ok ? src + j * cp.raw_col : b.in, ok);
   }
   float* const us = b.us + st * 36 * kFtC * kFtUL + cp.u_dst;
   const float* const usrc = cp.u_src + ch * cp.u_chunk;
