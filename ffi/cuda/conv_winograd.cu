@@ -670,11 +670,17 @@ template <typename T>
 constexpr i64 gemm_bm() {
   return 32 * (16 / sizeof(T));
 }
+// WINO_GEMM_NARROW=1 (compile time; sweep.sh SWEEP_SET=tc): the GEMMs take the narrow tiles
+// (BN / 2 columns) at every N. The tensor-core narrow tiles run 2 CTAs per SM, the wide ones 1.
+#ifndef WINO_GEMM_NARROW
+#define WINO_GEMM_NARROW 0
+#endif
+constexpr bool narrow_tc_tiles() { return WINO_GEMM_NARROW != 0; }
 // Column blocks of the GEMM for N columns (wide: BN = BM, narrow: BM / 2).
 template <typename T>
 i64 gemm_nblocks(i64 N) {
   constexpr i64 bm = gemm_bm<T>();
-  return N > bm / 2 ? ceil_div(N, bm) : ceil_div(N, bm / 2);
+  return N > bm / 2 && !narrow_tc_tiles() ? ceil_div(N, bm) : ceil_div(N, bm / 2);
 }
 template <typename T, bool WIDE>
 constexpr size_t gemm_smem_bytes() {
@@ -1873,7 +1879,7 @@ void gemm_smem_optin(K* kernel, size_t bytes) {
 template <typename Tc>
 void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st) {
   constexpr i64 bm = gemm_bm<Tc>();
-  const bool wide = a0.N > bm / 2;
+  const bool wide = a0.N > bm / 2 && !narrow_tc_tiles();
   GemmArgs a = a0;
   a.mblocks = ceil_div(a.M, bm);
   a.nblocks = gemm_nblocks<Tc>(a.N);

@@ -21,15 +21,14 @@ VARIANTS=(
   "chunk256|-DWINO_CHUNK_MIB=256"
   "s4_chunk256|-DWINO_GEMM_STAGES=4 -DWINO_CHUNK_MIB=256"
 )
-# SWEEP_SET=tc: the tensor-core (3xTF32) GEMM's knobs instead, against the SIMT kernel.
+# SWEEP_SET=tc: the tensor-core (3xTF32) GEMM's knobs instead (stages, tile width, partial sums).
 if [ "${SWEEP_SET:-}" = tc ]; then
   VARIANTS=(
-    "simt|-DWINO_NO_TC"
+    "tc|"
+    "tc_st3|-DWINO_TC_STAGES_WIDE=3"
+    "tc_st2|-DWINO_TC_STAGES_WIDE=2"
+    "tc_narrow|-DWINO_GEMM_NARROW=1"
     "tc_noflush|-DWINO_TC_FLUSH=0"
-    "u4|-DWINO_TC_UNROLL=4"
-    "u4_st4|-DWINO_TC_UNROLL=4 -DWINO_TC_STAGES_WIDE=4"
-    "u4_st5|-DWINO_TC_UNROLL=4 -DWINO_TC_STAGES_WIDE=5"
-    "u2_st4|-DWINO_TC_UNROLL=2 -DWINO_TC_STAGES_WIDE=4"
   )
 fi
 BENCH_SEL="BENCH_MAIN_ONLY=1"
