@@ -670,17 +670,26 @@ template <typename T>
 constexpr i64 gemm_bm() {
   return 32 * (16 / sizeof(T));
 }
-// WINO_GEMM_NARROW=1 (compile time; sweep.sh SWEEP_SET=tc): the GEMMs take the narrow tiles
-// (BN / 2 columns) at every N. The tensor-core narrow tiles run 2 CTAs per SM, the wide ones 1.
+// Tile width of a GEMM of N columns: wide (BN = BM) when N > BM / 2, except in the tensor-core
+// GEMM of forward-shaped passes (A m-major: fwd, dgrad), which takes the narrow tiles (BN = BM / 2,
+// 2 CTAs per SM against 1): H200 sweep at N = 128..512 (gpu-h200-2026-12-04-s10.md), fwd and
+// dgrad 2-12 % faster on the ResNet-50 3x3 layers, while wgrad (A k-major) was 1-4 % slower on
+// r50_c3 / r50_c4. WINO_GEMM_NARROW=1 (compile time, sweep.sh SWEEP_SET=tc) takes narrow tiles
+// everywhere.
 #ifndef WINO_GEMM_NARROW
 #define WINO_GEMM_NARROW 0
 #endif
-constexpr bool narrow_tc_tiles() { return WINO_GEMM_NARROW != 0; }
-// Column blocks of the GEMM for N columns (wide: BN = BM, narrow: BM / 2).
+bool use_tc_gemm();
 template <typename T>
-i64 gemm_nblocks(i64 N) {
+bool gemm_wide(i64 N, bool a_kmajor) {
+  if (N <= gemm_bm<T>() / 2 || WINO_GEMM_NARROW) return false;
+  return !(std::is_same_v<T, float> && !a_kmajor && use_tc_gemm());
+}
+// Column blocks of the GEMM for N columns.
+template <typename T>
+i64 gemm_nblocks(i64 N, bool a_kmajor) {
   constexpr i64 bm = gemm_bm<T>();
-  return N > bm / 2 && !narrow_tc_tiles() ? ceil_div(N, bm) : ceil_div(N, bm / 2);
+  return gemm_wide<T>(N, a_kmajor) ? ceil_div(N, bm) : ceil_div(N, bm / 2);
 }
 template <typename T, bool WIDE>
 constexpr size_t gemm_smem_bytes() {
@@ -1288,16 +1297,20 @@ __global__ void __launch_bounds__(kThreads, WIDE && kTcFlush ? 1 : WINO_TC_MINB)
       }
     }
 }
+#endif  // JAXDNN_WINO_TC
 
-// The tensor-core GEMM unless JAXDNN_WINO_GEMM=simt.
+// The tensor-core GEMM for float compute where it is built, unless JAXDNN_WINO_GEMM=simt.
 bool use_tc_gemm() {
+#ifdef JAXDNN_WINO_TC
   static const bool tc = [] {
     const char* v = std::getenv("JAXDNN_WINO_GEMM");
     return v == nullptr || std::strcmp(v, "simt") != 0;
   }();
   return tc;
+#else
+  return false;
+#endif
 }
-#endif  // JAXDNN_WINO_TC
 
 // ---------------------------------------------------------------------------------------------
 // WINOGRAD (fused) F(2x2,3x3). CTA: 32 tiles (lanes) x 32 pass output channels of one group
@@ -1819,7 +1832,7 @@ i64 chunk_tiles(const Pass& ps, int a, size_t tc, bool fwd) {
   if (forced > 0) return std::max<i64>(1, std::min(tiles, forced));
   if (!fwd || tiles <= cap) return std::max<i64>(1, std::min(tiles, cap));
   const i64 bm = tc == 8 ? gemm_bm<double>() : gemm_bm<float>();
-  const i64 nbl = tc == 8 ? gemm_nblocks<double>(ps.Kgp) : gemm_nblocks<float>(ps.Kgp);
+  const i64 nbl = tc == 8 ? gemm_nblocks<double>(ps.Kgp, false) : gemm_nblocks<float>(ps.Kgp, false);
   const i64 per_mb = i64{a} * a * ps.G * nbl, mtot = ceil_div(tiles, bm);
   const i64 mb_cap = std::max<i64>(1, cap / bm);
   // Cost in tenths of a wave: the GEMM waves of all chunks, plus a tenth per chunk (launches,
@@ -1840,7 +1853,7 @@ i64 chunk_tiles(const Pass& ps, int a, size_t tc, bool fwd) {
 // times the BK steps of one CTA (plus ~3 steps of prologue / epilogue); fewer splits win ties.
 i64 wgrad_splits(const Pass& ps, int a, i64 TB, size_t tc) {
   const i64 bm = tc == 8 ? gemm_bm<double>() : gemm_bm<float>();
-  const i64 nbl = tc == 8 ? gemm_nblocks<double>(ps.Kgp) : gemm_nblocks<float>(ps.Kgp);
+  const i64 nbl = tc == 8 ? gemm_nblocks<double>(ps.Kgp, true) : gemm_nblocks<float>(ps.Kgp, true);
   const i64 ctas = ceil_div(ps.Cgp, bm) * nbl * a * a * ps.G, TBr = round_up(TB, kPad);
   const i64 smax = std::clamp<i64>(TBr / 128, 1, kMaxSplits);
   i64 best = 1, best_cost = -1;
@@ -1879,10 +1892,10 @@ void gemm_smem_optin(K* kernel, size_t bytes) {
 template <typename Tc>
 void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st) {
   constexpr i64 bm = gemm_bm<Tc>();
-  const bool wide = a0.N > bm / 2 && !narrow_tc_tiles();
+  const bool wide = gemm_wide<Tc>(a0.N, a_kmajor);
   GemmArgs a = a0;
   a.mblocks = ceil_div(a.M, bm);
-  a.nblocks = gemm_nblocks<Tc>(a.N);
+  a.nblocks = gemm_nblocks<Tc>(a.N, a_kmajor);
   const i64 grid = a.mblocks * a.nblocks * points * a.G * a.S;
   // Dynamic shared memory bytes of the wide and narrow kernels (0: static arrays).
   const size_t sw = gemm_smem_dynamic<Tc, true>() ? gemm_smem_bytes<Tc, true>() : 0;
