@@ -2,9 +2,10 @@
 
 tests/cuda/winograd/emulate.sh rewrites the kernel launches into calls of an emulated CUDA runtime
 (tests/cuda/winograd/emu: blocks and warps as threads, shared memory, barriers, cp.async,
-mma.sync by a lane exchange), compiles the kernels and their checker with g++ under
+mma.sync and ldmatrix by a lane exchange, mma operands read as tf32), compiles the kernels and their checker with g++ under
 AddressSanitizer and UBSan, and checks every WINOGRAD / WINOGRAD_NONFUSED variant, dtype and
-op of the quick geometry set against a float64 reference. This is the only CPU-side check of the
+op of the quick geometry set against a float64 reference (the tensor-core NONFUSED GEMM is not
+emulated: its fp32 path runs the SIMT kernel here). This is the only CPU-side check of the
 CUDA kernels' index math and schedules; it does not see nvcc's compile errors, device rounding or
 speed (the GPU runs tests/cuda/winograd/run.sh). About 4-6 minutes on two idle cores (15 minutes
 measured beside another build; the whole clean-clone CI with it: 22 minutes).
