@@ -24,8 +24,9 @@ struct BiasActCall {
   double param = 0.0;
 };
 
-// Workspace bytes for the bias gradient's partial sums (0 when `reduce` is false). Depends on the
-// shape and dtype only; queried at trace time to size the XLA workspace.
+// Workspace bytes for the bias gradient (0 when `reduce` is false): one arrival counter per
+// channel group (zeroed by each call) and the per-block partial sums. Depends on the shape and
+// dtype only; queried at trace time to size the XLA workspace.
 size_t bias_act_workspace_bytes(long long outer, long long K, long long inner, DType dtype,
                                 bool reduce);
 

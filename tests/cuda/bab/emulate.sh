@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Host emulation of the CUDA bias/activation backward, for machines without a GPU:
-#   bash tests/cuda/bab/emulate.sh [quick|full]      (from anywhere; a few minutes for quick)
+#   bash tests/cuda/bab/emulate.sh [smoke|quick|full]   (from anywhere; quick: about 10 minutes on
+#   two cores, most of it the kernel threads' barriers)
 # Rewrites the kernel launches of ffi/cuda/bias_act.cu and of the checker's copy of the older
 # kernels (baseline.cuh) into emu::launch calls, compiles them and check.cu with g++ against the
 # emulated runtime in emu/ (AddressSanitizer, UBSan with alignment checks), and runs the checker:
 # the default grid, a grid of at most 2 blocks per channel group (several rounds of rows per
-# thread, tails), and the older kernels under the same reference. What it cannot see: nvcc
-# errors, real concurrency between blocks (the emulator runs blocks one at a time, in forward
-# and reverse order), the device's rounding and math library, speed.
+# thread, tails), and the older kernels under the same reference (smoke set). What it cannot
+# see: nvcc errors, real concurrency between blocks (the emulator runs blocks one at a time, in
+# forward and reverse order), the device's rounding and math library, speed.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 D=${TMPDIR:-/tmp}/jaxdnn-babemu
@@ -34,5 +35,5 @@ g++ $F "$D/bias_act.o" "$D/check.o" -o "$D/check" -pthread
 rc=0
 env -u JAXDNN_BAB_BLOCKS "$D/check" "${1:-quick}" || rc=1
 JAXDNN_BAB_BLOCKS=2 "$D/check" "${1:-quick}" || rc=1
-env -u JAXDNN_BAB_BLOCKS "$D/check" "${1:-quick}" --old || rc=1
+env -u JAXDNN_BAB_BLOCKS "$D/check" smoke --old || rc=1
 exit $rc
