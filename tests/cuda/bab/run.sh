@@ -27,8 +27,13 @@ if [ $build_rc != 0 ]; then
   echo "BUILD FAILED"
   exit 2
 fi
-echo "build $((SECONDS - t0)) s; registers / spills of bias_act.cu's kernels (count, line):"
-grep -E "Used|spill" "$O/build_kernels.txt" | sed -E 's/ptxas info *: //' | sort | uniq -c | sort -rn
+echo "build $((SECONDS - t0)) s; bias_act.cu's kernels (ptxas):"
+awk '/Compiling entry function/ {split($0, q, "\047"); name = q[2]}
+     /bytes stack frame/ {sub(/^ +/, ""); stack = $0}
+     /Used [0-9]+ registers/ {sub(/.*Used/, "Used"); print name ": " $0 "; " stack}' \
+  "$O/build_kernels.txt" | (c++filt 2>/dev/null || cat) |
+  sed -E 's/jaxdnn::cuda::\(anonymous namespace\):://g; s/\(BabParams<[^>]*>\)//; s/used 1 barriers, //' |
+  sort | tee "$O/registers.txt"
 rc=0
 step() {  # step NAME TIMEOUT COMMAND...: runs COMMAND into $O/NAME.txt, prints its summary
   local name=$1 limit=$2
