@@ -15,9 +15,9 @@
 // Bias gradient: each block adds its rows per channel (a butterfly across the row lanes of a
 // warp, then the warps in order through shared memory) and stores one partial row; the last
 // block of the channel group to finish (an arrival counter per group in the workspace, zeroed by
-// a memset before the launch) adds the group's partial rows in slice order. Every sum has an
-// order fixed by the shape: identical calls give identical bits. A grid of one slice writes db
-// directly.
+// a memset before the launch) adds the group's partial rows (lanes over slices, then a
+// butterfly). Every sum has an order fixed by the shape, whichever block finishes last:
+// identical calls give identical bits. A grid of one slice writes db directly.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -291,8 +291,8 @@ __global__ void __launch_bounds__(kRowThreads, 2) bab_rows_kernel(const BabParam
   if (tid < p.width) part[blockIdx.y * static_cast<long long>(p.width) + tid] = total;
   if (!last_to_arrive(p.arrivals + blockIdx.x, p.slices)) return;
 
-  // The last block: db[k] = the group's partial rows added in slice order. Warp w takes the
-  // 16-byte column vectors w, w + 16, ...; lane l adds slices l, l + 32, ..., then a butterfly.
+  // The last block: db[k] = the sum of the group's partial rows. Warp w takes the 16-byte
+  // column vectors w, w + 16, ...; lane l adds slices l, l + 32, ... in order, then a butterfly.
   constexpr int N = 16 / sizeof(A);
   const int vecs = p.width / N;
   for (int q = warp; q < vecs; q += kRowWarps) {
@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kPlaneThreads) bab_planes_kernel(const BabPara
   A* part = p.part + k * p.slices;
   if (tid == 0) part[blockIdx.y] = total;
   if (!last_to_arrive(p.arrivals + k, p.slices)) return;
-  // The last block: the channel's partials in slice order (lanes strided, then a butterfly).
+  // The last block: the channel's partials (lane l adds slices l, l + 32, ..., then a butterfly).
   if (warp == 0) {
     A acc = A(0);
     for (int sl = lane; sl < p.slices; sl += 32) acc += __ldcg(part + sl);
