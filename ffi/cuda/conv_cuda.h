@@ -90,9 +90,6 @@ std::string winograd_filter_run(const ConvProblem& filter, int tile, bool flip, 
 std::string can_implement(const CudaConvCall& c);
 // The forward with a fused epilogue (io.epi): the families whose kernels carry it (fused.cu).
 std::string can_implement_fused(const CudaConvCall& c);
-// Workspace of jaxdnn_bias_act_bwd for an (outer, K, inner) view: the bias-gradient partials.
-size_t bias_act_workspace_bytes(long long outer, long long K, long long inner, DType dtype,
-                                bool reduce);
 size_t workspace_bytes(const CudaConvCall& c);
 std::string run_conv(const CudaConvCall& c, const CudaConvBuffers& io);
 

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "bias_act_cuda.h"
 #include "conv_cuda.h"
 #include "handlers.h"
 #include "jaxdnn/nb_problem.h"
