@@ -69,6 +69,14 @@ for algo in ("winograd_nonfused", "winograd"):
       lambda x, w, algo=algo: jaxdnn.conv(x, w, **{**conv_kw, "algo": algo},
                                           precision=jax.lax.Precision.HIGHEST),
       (x_w32, w_w32))
+# DIRECT depthwise (mnv2_dw_3x3), plain against the fused bias + relu forward.
+x_dw = jnp.asarray(rng.standard_normal((32, 56, 56, 144)), bf16)
+w_dw = jnp.asarray(rng.standard_normal((3, 3, 1, 144)) * 0.1, bf16)
+b_dw = jnp.asarray(rng.standard_normal((144,)), bf16)
+dw_kw = {**conv_kw, "algo": "direct", "feature_group_count": 144}
+CASES["conv dws plain"] = (lambda x, w, b: jaxdnn.conv(x, w, **dw_kw), (x_dw, w_dw, b_dw))
+CASES["conv dws fused"] = (lambda x, w, b: jaxdnn.conv(x, w, **dw_kw, bias=b, activation="relu"),
+                           (x_dw, w_dw, b_dw))
 if os.environ.get("PROFILE_CASES"):  # comma-separated substrings of the case names
   keep = os.environ["PROFILE_CASES"].split(",")
   CASES = {k: v for k, v in CASES.items() if any(t in k for t in keep)}
