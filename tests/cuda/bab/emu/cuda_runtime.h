@@ -9,6 +9,8 @@
 // Not a CUDA: only what bias_act.cu and check.cu use.
 #pragma once
 
+#include "../../emu_host_api.h"
+
 #include <algorithm>
 #include <barrier>
 #include <cmath>
@@ -38,12 +40,6 @@ struct dim3 {
   dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-using cudaError_t = int;
-constexpr cudaError_t cudaSuccess = 0;
-constexpr cudaError_t cudaErrorInvalidConfiguration = 9;
-constexpr cudaError_t cudaErrorMemoryAllocation = 2;
-using cudaStream_t = void*;
-enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 
 namespace emu {
 enum class Order { kForward, kReverse, kShuffled };
@@ -59,7 +55,6 @@ inline thread_local dim3 thread_idx, block_idx, block_dim, grid_dim;
 inline thread_local int warp_id = 0, lane_id = 0;
 inline std::barrier<>* block_barrier = nullptr;
 inline std::vector<std::unique_ptr<Warp>>* warps = nullptr;
-inline cudaError_t last_error = cudaSuccess;
 inline unsigned long launches = 0;
 
 template <typename... P, typename... A>
@@ -137,30 +132,3 @@ template <typename T> inline T __ldcg(const T* p) { return *p; }
 inline float __fdividef(float a, float b) { return a / b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 
-inline cudaError_t cudaGetLastError() {
-  const cudaError_t e = emu::last_error;
-  emu::last_error = cudaSuccess;
-  return e;
-}
-inline const char* cudaGetErrorString(cudaError_t e) {
-  return e == cudaSuccess ? "no error" : "emulated launch error";
-}
-inline cudaError_t cudaMalloc(void** p, size_t n) {
-  return posix_memalign(p, 256, n == 0 ? 1 : n) == 0 ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-inline cudaError_t cudaFree(void* p) {
-  std::free(p);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
-  std::memcpy(dst, src, n);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemset(void* dst, int v, size_t n) {
-  std::memset(dst, v, n);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemsetAsync(void* dst, int v, size_t n, cudaStream_t) {
-  return cudaMemset(dst, v, n);
-}
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }

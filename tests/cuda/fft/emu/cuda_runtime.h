@@ -26,7 +26,3 @@ template <typename K>
 cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) {
   return cudaSuccess;
 }
-inline cudaError_t cudaMemsetAsync(void* dst, int v, size_t n, cudaStream_t = nullptr) {
-  std::memset(dst, v, n);
-  return cudaSuccess;
-}

@@ -10,6 +10,8 @@
 // Not a CUDA: only what the pooling code uses.
 #pragma once
 
+#include "../../emu_host_api.h"
+
 #include <barrier>
 #include <cstddef>
 #include <cstdint>
@@ -33,18 +35,11 @@ struct dim3 {
   dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-using cudaError_t = int;
-constexpr cudaError_t cudaSuccess = 0;
-constexpr cudaError_t cudaErrorInvalidConfiguration = 9;
-constexpr cudaError_t cudaErrorMemoryAllocation = 2;
-using cudaStream_t = void*;
-enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 
 namespace emu {
 inline thread_local dim3 thread_idx, block_idx, block_dim, grid_dim;
 inline thread_local std::barrier<>* block_barrier = nullptr;
 inline std::vector<unsigned char> shared_buffer;
-inline cudaError_t last_error = cudaSuccess;
 inline long launches = 0;
 
 inline unsigned char* shared_mem() { return shared_buffer.data(); }
@@ -111,28 +106,3 @@ template <typename T> inline T __ldg(const T* p) { return *p; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
-inline cudaError_t cudaGetLastError() {
-  const cudaError_t e = emu::last_error;
-  emu::last_error = cudaSuccess;
-  return e;
-}
-inline const char* cudaGetErrorString(cudaError_t e) {
-  return e == cudaSuccess ? "no error" : "emulated launch error";
-}
-inline cudaError_t cudaMalloc(void** p, size_t n) {
-  *p = std::malloc(n == 0 ? 1 : n);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-inline cudaError_t cudaFree(void* p) {
-  std::free(p);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
-  std::memcpy(dst, src, n);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemset(void* dst, int v, size_t n) {
-  std::memset(dst, v, n);
-  return cudaSuccess;
-}
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }

@@ -7,6 +7,8 @@
 // Not a CUDA: only what conv_winograd.cu and check.cu use.
 #pragma once
 
+#include "../../emu_host_api.h"
+
 #include <algorithm>
 #include <barrier>
 #include <memory>
@@ -34,18 +36,11 @@ struct dim3 {
       : x(static_cast<unsigned int>(x_)), y(y_), z(z_) {}
 };
 
-using cudaError_t = int;
-constexpr cudaError_t cudaSuccess = 0;
-constexpr cudaError_t cudaErrorInvalidConfiguration = 9;
-constexpr cudaError_t cudaErrorMemoryAllocation = 2;
-using cudaStream_t = void*;
-enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 
 namespace emu {
 inline thread_local dim3 thread_idx, block_idx;
 inline std::barrier<>* block_barrier = nullptr;
 inline std::vector<std::unique_ptr<std::barrier<>>>* warp_barriers = nullptr;
-inline cudaError_t last_error = cudaSuccess;
 
 template <typename... P, typename... A>
 void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t smem, cudaStream_t,
@@ -84,34 +79,6 @@ void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t sme
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 inline void __syncwarp() { (*emu::warp_barriers)[threadIdx.x / 32]->arrive_and_wait(); }
 
-inline cudaError_t cudaGetLastError() {
-  const cudaError_t e = emu::last_error;
-  emu::last_error = cudaSuccess;
-  return e;
-}
-inline const char* cudaGetErrorString(cudaError_t e) {
-  return e == cudaSuccess ? "no error" : "emulated launch error";
-}
-inline cudaError_t cudaMalloc(void** p, size_t n) {
-  *p = std::aligned_alloc(256, (n + 255) / 256 * 256);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-inline cudaError_t cudaFree(void* p) {
-  std::free(p);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
-  std::memcpy(dst, src, n);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemset(void* dst, int v, size_t n) {
-  std::memset(dst, v, n);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemsetAsync(void* dst, int v, size_t n, cudaStream_t) {
-  return cudaMemset(dst, v, n);
-}
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 enum cudaFuncAttribute {
   cudaFuncAttributeMaxDynamicSharedMemorySize,
   cudaFuncAttributePreferredSharedMemoryCarveout
