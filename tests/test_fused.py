@@ -201,6 +201,25 @@ def test_forward_low_precision(algo, dtype, pet):
   assert_close(y, want, tolerance(dtype, out), f"{dtype} -> {out}")
 
 
+@pytest.mark.parametrize("filt", [3, 5, 7])
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=str)
+def test_direct_depthwise_channels_last_epilogue(dtype, filt):
+  """DIRECT's channels-last depthwise kernel on the GPU takes 16-byte channel vectors (C a
+  multiple of 8 16-bit or 4 float32 values) and strips of pixels along W; it loads the biases
+  once and a strip's residuals before its stores. Widths that leave a partial last strip, every
+  bias / residual combination, 16 channels (two vectors, two biases each)."""
+  case = FCase(f"nhwc-depthwise-{filt}x{filt}", (2, 5, 11, 16), (filt, filt, 1, 16), (1, 1),
+               "SAME", NHWC, fgc=16)
+  for i, (has_b, has_r) in enumerate(OPERANDS):
+    x, w, b, r = case.inputs(dtype, seed=90 + i)
+    b, r = (b if has_b else None), (r if has_r else None)
+    y = jax.jit(fused(case, A.DIRECT, "leaky_relu", 0.2))(x, w, bias=b, residual=r)
+    assert y.dtype == dtype
+    want = reference(case, f64(x), f64(w), None if b is None else f64(b),
+                     None if r is None else f64(r), "leaky_relu", 0.2)
+    assert_close(y, want, tolerance(dtype, dtype), f"bias={has_b} residual={has_r}")
+
+
 def test_forward_casts_bias_and_residual_to_the_output_dtype():
   case = WINO_CASES[0]
   x, w, b, r = case.inputs(F32, seed=3)
