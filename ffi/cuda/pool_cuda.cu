@@ -1626,16 +1626,9 @@ __device__ __forceinline__ int quad_divisor(const Geo& g, int d, int h, int w) {
   return divisor_factor(g, 0, d) * divisor_factor(g, 1, h) * divisor_factor(g, 2, w);
 }
 
-// Blocks per SM that quad_kernel's register budget aims at, and rows of taps its forward /
-// arg-max selection (gather) loads ahead (sweeps: -DJAXDNN_QUAD_MINB=N, -DJAXDNN_QUAD_AHEAD=N).
+// Blocks per SM that quad_kernel's register budget aims at (sweeps: -DJAXDNN_QUAD_MINB=N).
 #ifndef JAXDNN_QUAD_MINB
 #define JAXDNN_QUAD_MINB 1
-#endif
-#ifndef JAXDNN_QUAD_AHEAD
-#define JAXDNN_QUAD_AHEAD 5
-#endif
-#ifndef JAXDNN_QUAD_AHEAD_PICK
-#define JAXDNN_QUAD_AHEAD_PICK 1
 #endif
 
 template <typename T, int V, QuadOp kOp, typename I>
@@ -1677,45 +1670,23 @@ __global__ void __launch_bounds__(kBlock, JAXDNN_QUAD_MINB)
     bool scol[5];  // columns some window reads
 #pragma unroll
     for (int s = 0; s < 5; ++s) scol[s] = (s <= 2 && vw[0]) || (s >= 2 && vw[1]);
-    bool rok[5], rin[5], cin[5];  // rows some window reads; rows / columns inside the input
 #pragma unroll
     for (int r = 0; r < 5; ++r) {
-      rok[r] = (r <= 2 && vh[0]) || (r >= 2 && vh[1]);
-      rin[r] = r0 + r >= 0 && r0 + r < g.in[1];
-      cin[r] = s0 + r >= 0 && s0 + r < g.in[2];
-    }
-    // element offset of tap (0, 0); tap (r, s) is r rows and s columns on
-    const i64 off00 = ((img * g.in[1] + r0) * g.in[2] + s0) * C + static_cast<i64>(cv) * V;
-    const i64 rstride = static_cast<i64>(g.in[2]) * C;
-    // Rows of taps are loaded kAhead - 1 rows ahead of the row being added up, so that the
-    // loads of several rows are in flight together. (One row at a time, with each row's
-    // arithmetic between the batches, a thread waited five memory latencies: the avg forward
-    // reached 2.3 TB/s on the ResNet-50 stem against max's 3.26.) The gather's tangents double
-    // the registers per row.
-    constexpr int kAhead = kPick ? JAXDNN_QUAD_AHEAD_PICK : JAXDNN_QUAD_AHEAD;
-    static_assert(kAhead >= 1 && kAhead <= 5, "rows ahead");
-    R v[kAhead][5], tv[kPick ? kAhead : 1][5];
-    auto load_row = [&](int r) {
-      const i64 o = off00 + r * rstride;
-#pragma unroll
-      for (int s = 0; s < 5; ++s)
-        if (rok[r] && rin[r] && scol[s] && cin[s]) {
-          v[r % kAhead][s] = VT::load(x + o + s * C);
-          if constexpr (kPick) tv[r % kAhead][s] = VT::load(dy + o + s * C);
-        }
-    };
-#pragma unroll
-    for (int r = 0; r < kAhead - 1; ++r) load_row(r);
-#pragma unroll
-    for (int r = 0; r < 5; ++r) {
-      if (r + kAhead - 1 < 5) load_row(r + kAhead - 1);
-      if (!rok[r]) continue;
-      if (!kSelect && !rin[r]) continue;  // the forward skips out-of-bounds taps
-      const R* vr = v[r % kAhead];
-      const R* tr = tv[kPick ? r % kAhead : 0];
+      if (!((r <= 2 && vh[0]) || (r >= 2 && vh[1]))) continue;
+      const int ir = r0 + r;
+      const bool rin = ir >= 0 && ir < g.in[1];
+      if (!kSelect && !rin) continue;  // the forward skips out-of-bounds taps
+      const i64 row = (img * g.in[1] + ir) * g.in[2] * C + static_cast<i64>(cv) * V;
+      R v[5], tv[kPick ? 5 : 1];
       bool in[5];
 #pragma unroll
-      for (int s = 0; s < 5; ++s) in[s] = rin[r] && cin[s];
+      for (int s = 0; s < 5; ++s) {
+        in[s] = rin && s0 + s >= 0 && s0 + s < g.in[2];
+        if (in[s] && scol[s]) {
+          v[s] = VT::load(x + row + static_cast<i64>(s0 + s) * C);
+          if constexpr (kPick) tv[s] = VT::load(dy + row + static_cast<i64>(s0 + s) * C);
+        }
+      }
 #pragma unroll
       for (int a = 0; a < 2; ++a) {
         const int kb = r - 2 * a;
@@ -1726,7 +1697,7 @@ __global__ void __launch_bounds__(kBlock, JAXDNN_QUAD_MINB)
 #pragma unroll
           for (int kc = 0; kc < 3; ++kc) {
             const int s = 2 * b + kc;
-            if (in[s]) st[a][b].add(vr[s], kb * 3 + kc, kPick ? &tr[s] : nullptr);
+            if (in[s]) st[a][b].add(v[s], kb * 3 + kc, kPick ? &tv[kPick ? s : 0] : nullptr);
             else if constexpr (kSelect) st[a][b].padding();
           }
         }
