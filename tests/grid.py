@@ -118,6 +118,11 @@ GRID = [
     Case("batch1-nhwc", (1, 5, 5, 3), (3, 3, 3, 4), (1, 1), "SAME", dnums=NHWC),
     Case("batch1-nchw", (1, 3, 6, 5), (4, 3, 3, 3), (1, 2), "SAME", dnums=NCHW),
     Case("zero-height-input", (2, 0, 5, 3), (3, 3, 3, 4), (1, 1), "SAME", dnums=NHWC),
+    # lax: an empty axis whose padding spans windows has outputs (sums over no taps: zeros)
+    Case("zero-height-input-padded", (2, 0, 5, 3), (3, 3, 3, 4), (1, 1), ((2, 2), (1, 1)),
+         dnums=NHWC),
+    Case("zero-width-input-padded-nchw", (2, 3, 4, 0), (4, 3, 2, 2), (1, 2), ((0, 1), (3, 2)),
+         dnums=NCHW),
     Case("one-channel", (2, 1, 5, 5), (1, 1, 3, 3), (1, 1), "SAME", dnums=NCHW),
     Case("1x1-filter-nhwc", (2, 4, 3, 5), (1, 1, 5, 3), (1, 1), "VALID", dnums=NHWC),
 ]

@@ -220,6 +220,106 @@ def test_direct_depthwise_channels_last_epilogue(dtype, filt):
     assert_close(y, want, tolerance(dtype, dtype), f"bias={has_b} residual={has_r}")
 
 
+# Shapes that reach the CUDA kernels' vector forms and their epilogues (the kernel named beside
+# each), which the small mixed-layout cases above do not; on the CPU the same checks run the CPU
+# families.
+PATH_CASES = {
+    # DIRECT grp_kernel: channels-last, channels per group multiples of 4, not depthwise
+    # (ResNeXt-like; auto picks DIRECT for small groups on the GPU)
+    "grp": (A.DIRECT, FCase("nhwc-grouped-c4k4", (2, 7, 9, 32), (3, 3, 4, 32), (1, 1), "SAME",
+                            NHWC, fgc=8)),
+    "grp-s2": (A.DIRECT, FCase("nhwc-grouped-s2", (2, 7, 9, 32), (3, 3, 4, 32), (2, 2), "SAME",
+                               NHWC, fgc=8)),
+    # DIRECT dws_kernel's per-tap form: depthwise with a W stride or W dilation (MobileNet's
+    # stride-2 depthwise layers)
+    "dws-s2": (A.DIRECT, FCase("nhwc-depthwise-s2", (2, 9, 11, 16), (3, 3, 1, 16), (2, 2),
+                               "SAME", NHWC, fgc=16)),
+    "dws-dil": (A.DIRECT, FCase("nhwc-depthwise-wdil2", (2, 9, 11, 16), (3, 3, 1, 16), (1, 1),
+                                "SAME", NHWC, fgc=16, rhs_dilation=(1, 2))),
+    # DIRECT dw_kernel: depthwise with a channel multiplier, and a 9-wide filter row
+    "dw-x2": (A.DIRECT, FCase("nhwc-depthwise-x2", (2, 5, 11, 16), (3, 3, 1, 32), (1, 1), "SAME",
+                              NHWC, fgc=16)),
+    "dw-1x9": (A.DIRECT, FCase("nhwc-depthwise-1x9", (2, 5, 11, 16), (1, 9, 1, 16), (1, 1),
+                               "SAME", NHWC, fgc=16)),
+    # IMPLICIT_PRECOMP_GEMM on Hopper's wgmma kernel (16-bit, or f32 at DEFAULT: channels per
+    # group a multiple of 64 / 32, K a multiple of 8): 128- or 64-wide tiles, staged epilogue
+    "wgmma": (A.IMPLICIT_PRECOMP_GEMM, FCase("nhwc-c64k72", (2, 9, 9, 64), (3, 3, 64, 72),
+                                             (1, 1), "SAME", NHWC)),
+    # mma.sync GEMM family, channels-last: full 8-column 16-bit runs of the vector epilogue
+    "mma": (A.IMPLICIT_GEMM, FCase("nhwc-c16k24", (2, 9, 9, 16), (3, 3, 16, 24), (1, 1), "SAME",
+                                   NHWC)),
+}
+PATH_DTYPES = [(F32, None), (BF16, None), (F16, None), (BF16, F32)]
+
+
+def _low_precision_reference(case, x, w, b, r, out, act, param=None):
+  """The float64 reference of operands rounded as the call sees them (bias and residual in the
+  result dtype)."""
+  rnd = lambda v: None if v is None else f64(v.astype(out))
+  return reference(case, f64(x), f64(w), rnd(b), rnd(r), act, param)
+
+
+@pytest.mark.parametrize("dtype,pet", PATH_DTYPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("path", sorted(PATH_CASES))
+def test_kernel_path_forward_epilogue(path, dtype, pet):
+  """Every bias / residual combination through the path's epilogue, a piecewise-linear and a
+  transcendental activation, in jit."""
+  algo, case = PATH_CASES[path]
+  out = np.dtype(pet or dtype)
+  for i, (has_b, has_r) in enumerate(OPERANDS):
+    act, p = (("leaky_relu", 0.2), ("silu", None))[i % 2]
+    x, w, b, r = case.inputs(dtype, seed=110 + i)
+    b, r = (b if has_b else None), (r if has_r else None)
+    y = jax.jit(fused(case, algo, act, p, preferred_element_type=pet))(x, w, bias=b, residual=r)
+    assert y.dtype == out
+    want = _low_precision_reference(case, x, w, b, r, out, act, p)
+    assert_close(y, want, tolerance(dtype, out), f"{act} bias={has_b} residual={has_r}")
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+@pytest.mark.parametrize("path", ["grp", "dws-s2", "dw-x2", "wgmma"])
+def test_kernel_path_grads_store_the_preactivation(path, dtype):
+  """silu's derivative reads the pre-activation, which the forward kernel then stores beside its
+  result (the epilogue's preact output): d/d(x, w, bias, residual) against float64."""
+  algo, case = PATH_CASES[path]
+  x, w, b, r = case.inputs(dtype, seed=120)
+  c = rand(case.out_shape(), F64, seed=121)
+  loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a).astype(F64)) * c)
+  ours = jax.grad(loss(lambda *a: _call(fused(case, algo, "silu"), *a)),
+                  argnums=(0, 1, 2, 3))(x, w, b, r)
+  want = jax.grad(loss(lambda *a: reference(case, *a, "silu")),
+                  argnums=(0, 1, 2, 3))(*(f64(v) for v in (x, w, b, r)))
+  tol = 5e-2 if dtype == BF16 else tolerance(F32, F32)
+  for name, o, e in zip(("x", "w", "bias", "residual"), ours, want):
+    assert o.dtype == dtype
+    assert_close(o, e, tol, f"d/d{name}")
+
+
+def test_kernel_path_wgmma_persistent_tiles():
+  """A 1x1 layer with 64 input channels: one K step per tile, so the wgmma kernel walks its
+  tiles persistently (1024 tiles, more than the resident CTAs) and the non-last tiles store
+  from registers through the epilogue."""
+  case = FCase("nhwc-1x1-c64k64-many", (16, 64, 64, 64), (1, 1, 64, 64), (1, 1), "VALID", NHWC)
+  for dtype in (BF16, F16):
+    x, w, b, r = case.inputs(dtype, seed=130)
+    y = jax.jit(fused(case, A.IMPLICIT_PRECOMP_GEMM, "relu"))(x, w, bias=b, residual=r)
+    want = _low_precision_reference(case, x, w, b, r, dtype, "relu")
+    assert_close(y, want, tolerance(dtype), str(dtype))
+
+
+@pytest.mark.parametrize("algo", GENERAL_FAMILIES, ids=algo_id)
+def test_empty_input_with_padding_applies_the_epilogue(algo):
+  """An input with no rows still has padded outputs: y = act(bias + residual) there (the CUDA
+  families' epilogue fill), not zeros."""
+  case = FCase("nhwc-empty-rows-padded", (2, 0, 5, 4), (3, 3, 4, 8), (1, 1), ((2, 2), (1, 1)),
+               NHWC)
+  x, w, b, r = case.inputs(F32, seed=140)
+  assert r.shape == (2, 2, 5, 8)
+  y = fused(case, algo, "elu")(x, w, bias=b, residual=r)
+  want = jax.nn.elu(b + r)
+  assert_close(y, want, RTOL[F32], "empty input")
+
+
 def test_forward_casts_bias_and_residual_to_the_output_dtype():
   case = WINO_CASES[0]
   x, w, b, r = case.inputs(F32, seed=3)
@@ -343,8 +443,11 @@ def test_bias_act_backward_is_its_own_transpose():
 @pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=str)
 def test_bias_act_backward_kernel_dtypes(dtype):
   """The kernel on channels-first planes, and channels-last rows shorter and longer than its
-  256-element blocks, for every activation."""
-  for shape, axis in (((3, 5, 7, 2), 1), ((50, 3), 1), ((7, 300), 1)):
+  256-element blocks, for every activation; on the GPU also its 16-byte vector forms (channel
+  counts that are multiples of 8: rows, many rows split over several blocks per channel group,
+  and planes)."""
+  for shape, axis in (((3, 5, 7, 2), 1), ((50, 3), 1), ((7, 300), 1), ((40, 64), 1),
+                      ((3000, 64), 1), ((3, 4, 8, 8), 1)):
     t, s = rand(shape, dtype, seed=1), rand(shape, dtype, seed=2)
     k = shape[axis]
     tb = rand((k,), dtype, seed=3)

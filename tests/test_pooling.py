@@ -480,6 +480,73 @@ def test_narrow_dtypes(dtype, layout):
     assert_close(g, g_ref, RTOL[dtype], f"{ours.__name__} grad")
 
 
+# Shapes that reach the CUDA pooling kernels' vector and tiled forms (kernel named beside each;
+# the standalone checker tests/cuda/pool covers them too), in the narrow dtypes: forward,
+# gradient and, for max, the JVP against the float64 oracle.
+KERNEL_PATHS = [
+    # 16-byte channel vectors: window_fwd (packed 16-bit max), the arg-max selection with the
+    # channel-tile backward, the disjoint-window backward / avg_bwd
+    ("NHWC", (2, 16, 33, 16), (2, 2), (2, 2), "VALID", False),
+    ("NHWC", (2, 16, 33, 16), (3, 3), (1, 1), "SAME", False),
+    # avg over 2x2 cells (cell_avg forward / backward), ceil mode's partial cells
+    ("NHWC", (2, 9, 7, 8), (2, 2), (2, 2), "VALID", True),
+    # one-channel planes (channels-first): plane_fwd / plane_select / plane_bwd tiles
+    ("NCHW", (2, 3, 16, 40), (2, 2), (2, 2), "VALID", False),
+    ("NCHW", (2, 3, 16, 40), (3, 3), (1, 1), "SAME", False),
+    # one-channel 3x3 stride 2, low width padding 1, rows of whole 16-byte vectors
+    ("NCHW", (2, 4, 13, 24), (3, 3), (2, 2), ((1, 1), (1, 1)), False),
+]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=str)
+@pytest.mark.parametrize("path", KERNEL_PATHS, ids=lambda c: _grid_id((*c[:5], None, c[5])))
+def test_kernel_paths(path, dtype):
+  layout, shape, window, strides, padding, ceil = path
+  x = case_inputs(shape, dtype, seed=17)
+  x64 = x.astype(F64)
+  t = case_inputs(shape, dtype, seed=18)
+  for op in OPS:
+    ours, ref = _fns((layout, shape, window, strides, padding, None, ceil), op)
+    y = ours(x)
+    assert y.dtype == dtype
+    want = oracle(ref, x64)
+    if op == "max":  # a selection: exact
+      np.testing.assert_array_equal(y.astype(F64), want)
+      _, ty = jax.jvp(ours, (x,), (t,))
+      ty_ref = oracle(lambda x, t: jax.jvp(ref, (x,), (t,))[1], x64, t.astype(F64))
+      np.testing.assert_array_equal(ty.astype(F64), ty_ref, err_msg="max jvp")
+    else:
+      assert_close(y, want, RTOL[dtype], op)
+    ct = case_inputs(y.shape, dtype, seed=19)
+    g = jax.grad(lambda x: jnp.vdot(ours(x), ct).astype(F32))(x)
+    assert g.dtype == dtype
+    g_ref = oracle(lambda x, ct: jax.grad(lambda x: jnp.vdot(ref(x), ct))(x), x64,
+                   ct.astype(F64))
+    assert_close(g, g_ref, RTOL[dtype], f"{op} grad")
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+def test_global_pools_kernel_paths(dtype):
+  """The ResNet head (7x7 windows over 16-byte channel vectors: the split forward, the vector
+  avg backward) and a max window of more than 255 taps (arg-max taps kept as int32)."""
+  for shape in ((4, 7, 7, 64), (2, 18, 18, 8)):
+    x = case_inputs(shape, dtype, seed=24)
+    x64 = x.astype(F64)
+    ct = case_inputs((shape[0], shape[-1]), dtype, seed=25)
+    # max: a one-window reduce_window, whose gradient goes to the first of tied taps (jnp.max
+    # would share it among them)
+    top = lambda x: lax_max_pool(x, shape[1:3]).reshape(shape[0], shape[-1])
+    for ours, ref in ((jaxdnn.global_avg_pool, lambda x: jnp.mean(x, (1, 2))),
+                      (jaxdnn.global_max_pool, top)):
+      y = ours(x)
+      assert y.dtype == dtype
+      assert_close(y, oracle(ref, x64), RTOL[dtype], ours.__name__)
+      g = jax.grad(lambda x: jnp.vdot(ours(x), ct).astype(F32))(x)
+      g_ref = oracle(lambda x, ct: jax.grad(lambda x: jnp.vdot(ref(x), ct))(x), x64,
+                     ct.astype(F64))
+      assert_close(g, g_ref, RTOL[dtype], f"{ours.__name__} grad {shape}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Derivatives of every order.
 

@@ -18,6 +18,31 @@ const char* dtype_name(DType t) {
   return "unknown";
 }
 
+// Whether the result sums over nothing: an operand of the reduction is empty while the result
+// is not (e.g. an empty input axis whose padding spans windows, lax's rule). DIRECT and the GEMM
+// family handle it themselves (zeros, or the fused epilogue over zeros); the transform families
+// (which carry no epilogue) get zeros here instead of transforms of empty signals.
+bool empty_reduction(const CudaConvCall& c) {
+  const ConvProblem& p = c.problem;
+  switch (c.op) {
+    case ConvOp::kForward: return p.x_elems() == 0 || p.w_elems() == 0;
+    case ConvOp::kBackwardData: return p.y_elems() == 0 || p.w_elems() == 0;
+    case ConvOp::kBackwardFilter: return p.x_elems() == 0 || p.y_elems() == 0;
+  }
+  return false;
+}
+
+std::string zero_result(const CudaConvCall& c, const CudaConvBuffers& io) {
+  const ConvProblem& p = c.problem;
+  const int64_t n = c.op == ConvOp::kForward        ? p.y_elems()
+                    : c.op == ConvOp::kBackwardData ? p.x_elems()
+                                                    : p.w_elems();
+  if (n == 0) return "";
+  const cudaError_t e = cudaMemsetAsync(io.out, 0, static_cast<size_t>(n) * dtype_bytes(c.out),
+                                        io.stream);
+  return e == cudaSuccess ? "" : std::string("cudaMemsetAsync: ") + cudaGetErrorString(e);
+}
+
 // Checks that do not depend on the family.
 std::string common_checks(const CudaConvCall& c) {
   const int op = static_cast<int>(c.op);
@@ -92,9 +117,11 @@ std::string run_conv(const CudaConvCall& c, const CudaConvBuffers& io) {
       return gemm_family_run(c, io);
     case ConvAlgo::kWinograd:
     case ConvAlgo::kWinogradNonfused:
+      if (empty_reduction(c)) return zero_result(c, io);
       return winograd_run(c, io);
     case ConvAlgo::kFft:
     case ConvAlgo::kFftTiling:
+      if (empty_reduction(c)) return zero_result(c, io);
       return fft_run(c, io);
   }
   return "unknown algorithm id";

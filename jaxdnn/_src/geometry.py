@@ -34,10 +34,12 @@ class ConvOp(enum.IntEnum):
 
 
 def conv_output_size(in_size, filt, stride, dilation, lhs_dilation, pad_lo, pad_hi):
-  """Output extent along one axis, as lax computes it (clamped at 0)."""
-  if in_size <= 0 or filt <= 0:
+  """Output extent along one axis, as lax computes it (clamped at 0). An empty input still has
+  outputs where its padding spans a whole window (lax: an empty axis dilates to 0 elements):
+  they are sums over no taps."""
+  if filt <= 0:
     return 0
-  virtual_in = lhs_dilation * (in_size - 1) + 1 + pad_lo + pad_hi
+  virtual_in = (lhs_dilation * (in_size - 1) + 1 if in_size > 0 else 0) + pad_lo + pad_hi
   window = dilation * (filt - 1) + 1
   if virtual_in < window:
     return 0

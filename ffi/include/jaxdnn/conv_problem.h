@@ -117,11 +117,12 @@ struct ConvProblem {
   bool depthwise() const { return G == C && Cg() == 1; }
 };
 
-// Output extent along one axis, clamped at 0 (as lax).
+// Output extent along one axis, clamped at 0 (as lax). An empty input axis dilates to 0
+// elements, so its padding alone can still span windows: outputs that sum over no taps.
 inline int64_t conv_output_size(int64_t in, int64_t filt, int64_t stride, int64_t dilation,
                                 int64_t lhs_dilation, int64_t pad_lo, int64_t pad_hi) {
-  if (in <= 0 || filt <= 0) return 0;
-  const int64_t virtual_in = lhs_dilation * (in - 1) + 1 + pad_lo + pad_hi;
+  if (filt <= 0) return 0;
+  const int64_t virtual_in = (in > 0 ? lhs_dilation * (in - 1) + 1 : 0) + pad_lo + pad_hi;
   const int64_t window = dilation * (filt - 1) + 1;
   if (virtual_in < window) return 0;
   return (virtual_in - window) / stride + 1;
