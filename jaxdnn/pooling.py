@@ -84,15 +84,15 @@ def _flatten_batch(x, nsd: int):
 
 
 def _ceil_extension(size, window, stride, lo, hi):
-  """Extra high padding giving PyTorch's ceil_mode output size."""
+  """Extra high padding giving PyTorch's ceil_mode output size: ceil(span / stride) + 1 windows
+  (span = padded size - window, negative when the window is longer than the padded input), less
+  one when the last would start in the high padding; never fewer than floor mode's."""
   span = size + lo + hi - window
-  if span < 0:
-    return 0
   out = -(-span // stride) + 1
   if (out - 1) * stride >= size + lo:  # the last window would start in the high padding
     out -= 1
-  out = max(out, span // stride + 1)
-  return (out - 1) * stride + window - (size + lo + hi)
+  out = max(out, span // stride + 1 if span >= 0 else 0)
+  return (out - 1) * stride + window - (size + lo + hi) if out > 0 else 0
 
 
 def _geometry(x, window_shape, strides, padding, layout, window_dilation, ceil_mode,

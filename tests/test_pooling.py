@@ -59,13 +59,14 @@ def _pads(x, window, strides, padding, dilation, channels_last):
 
 
 def _ceil_extra(size, eff, stride, lo, hi):
-  """PyTorch's ceil_mode output size, as extra high padding (its documented formula)."""
-  out_floor = (size + lo + hi - eff) // stride + 1
+  """PyTorch's ceil_mode output size, as extra high padding (its documented formula; no extra
+  padding where it gives no output)."""
+  out_floor = max(0, (size + lo + hi - eff) // stride + 1)
   out = math.ceil((size + lo + hi - eff) / stride) + 1
   if (out - 1) * stride >= size + lo:
     out -= 1
   out = max(out, out_floor)
-  return (out - 1) * stride + eff - (size + lo + hi)
+  return (out - 1) * stride + eff - (size + lo + hi) if out > 0 else 0
 
 
 def lax_max_pool(x, window, strides=None, padding="VALID", dilation=None, layout="NHWC",
@@ -253,6 +254,62 @@ def test_grad_matches_lax(case, op):
                oracle(lambda x, t: jax.jvp(ref, (x,), (t,))[1], x, t), what="jvp")
 
 
+def _random_pool_case(draw, st):
+  """A random (layout, shape, window, strides, padding, dilation, ceil_mode) of _fns."""
+  layout = draw(st.sampled_from(list(LAYOUTS)))
+  nsd, cl = LAYOUTS[layout]
+  spatial = [draw(st.integers(0 if nsd == 1 else 1, 7 if nsd < 3 else 4)) for _ in range(nsd)]
+  n, c = draw(st.integers(0, 2)), draw(st.sampled_from([1, 2, 3, 8]))
+  shape = (n, *spatial, c) if cl else (n, c, *spatial)
+  window = tuple(draw(st.integers(1, 4)) for _ in range(nsd))
+  strides = tuple(draw(st.integers(1, 3)) for _ in range(nsd))
+  dilation = draw(st.sampled_from([None, tuple(draw(st.integers(1, 2)) for _ in range(nsd))]))
+  padding = draw(st.sampled_from(["SAME", "VALID", "explicit"]))
+  if padding == "explicit":
+    padding = tuple((draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in range(nsd))
+  ceil = draw(st.booleans())
+  return layout, shape, window, strides, padding, dilation, ceil
+
+
+def test_random_geometries_match_lax():
+  """Random layouts, sizes (empty axes and batches too), windows, strides, dilations, paddings and
+  ceil_mode: forward, gradient and JVP of max / avg / exclusive avg against the float64 oracle."""
+  hypothesis = pytest.importorskip("hypothesis")
+  st = hypothesis.strategies
+
+  @hypothesis.settings(max_examples=40, deadline=None, database=None)
+  @hypothesis.given(data=st.data())
+  def check(data):
+    case = _random_pool_case(data.draw, st)
+    op = data.draw(st.sampled_from(OPS))
+    hypothesis.note(f"{case} {op}")
+    ours, ref = _fns(case, op)
+    x = case_inputs(case[1], seed=data.draw(st.integers(0, 2**16)))
+    try:
+      y_aval = jax.eval_shape(ref, x)
+    except (ValueError, TypeError):
+      hypothesis.assume(False)  # not a valid reduce_window (e.g. a window past the padded input)
+    out = ours(x)
+    expected = oracle(ref, x)
+    assert out.shape == y_aval.shape
+    if op == "max":
+      np.testing.assert_array_equal(out, expected)
+    else:
+      _assert_same(out, expected)
+    ct = case_inputs(y_aval.shape, seed=5)
+    g = jax.grad(lambda x: jnp.vdot(ours(x), ct))(x)
+    t = case_inputs(x.shape, seed=6)
+    ty = jax.jvp(ours, (x,), (t,))[1]
+    if x.size == 0:  # nothing to compare (and lax's select_and_scatter VJP fails on it)
+      assert g.shape == x.shape and ty.shape == y_aval.shape
+      return
+    g_ref = oracle(lambda x, ct: jax.grad(lambda x: jnp.vdot(ref(x), ct))(x), x, ct)
+    _assert_same(g, g_ref, what="grad")
+    _assert_same(ty, oracle(lambda x, t: jax.jvp(ref, (x,), (t,))[1], x, t), what="jvp")
+
+  check()
+
+
 FLAX_CASES = [
     ((2, 8, 7, 3), (3, 3), (2, 2), "SAME"),
     ((2, 8, 7, 3), (2, 2), None, "VALID"),
@@ -299,6 +356,12 @@ def test_ceil_mode_pytorch_values():
   y = jaxdnn.avg_pool(x6, (3,), (2,), ((1, 1),), count_include_pad=False, ceil_mode=True)
   np.testing.assert_allclose(y.ravel(), [0.5, 2, 4, 5], rtol=1e-15)
   assert jaxdnn.max_pool(x6, (3,), (2,), ((1, 1),), ceil_mode=True).ravel().tolist() == [1, 3, 5, 5]
+  # A window longer than the padded input still gives one output in ceil mode (PyTorch:
+  # (1 - 1 - 1 + 1) // 2 + 1 = 1), where floor mode gives none.
+  x1 = jnp.arange(1.0, 2.0).reshape(1, 1, 1)
+  assert jaxdnn.max_pool(x1, (2,), (2,), ceil_mode=True).ravel().tolist() == [1.0]
+  assert jaxdnn.avg_pool(x1, (2,), (2,), ceil_mode=True).ravel().tolist() == [1.0]
+  assert jaxdnn.max_pool(x1, (2,), (2,)).shape == (1, 0, 1)
 
 
 def _numpy_pool_1d(x, k, s, p, d, ceil, op, include):
@@ -321,7 +384,8 @@ def _numpy_pool_1d(x, k, s, p, d, ceil, op, include):
 
 
 @pytest.mark.parametrize("size,k,s,p,d", [(5, 2, 2, 0, 1), (6, 3, 2, 1, 1), (7, 3, 3, 1, 1),
-                                          (10, 3, 2, 1, 2), (4, 4, 3, 2, 1), (9, 2, 4, 1, 1)])
+                                          (10, 3, 2, 1, 2), (4, 4, 3, 2, 1), (9, 2, 4, 1, 1),
+                                          (1, 2, 2, 0, 1), (3, 3, 2, 0, 2)])
 @pytest.mark.parametrize("ceil", [False, True])
 def test_ceil_mode_numpy_loop(size, k, s, p, d, ceil):
   x = np.asarray(case_inputs((2, size, 3), seed=6))

@@ -127,12 +127,11 @@ struct Spec {
 
 // PyTorch's ceil_mode as extra high padding (jaxdnn/pooling.py's _ceil_extension).
 i64 ceil_extension(i64 size, i64 eff, i64 stride, i64 lo, i64 hi) {
-  const i64 span = size + lo + hi - eff;
-  if (span < 0) return 0;
-  i64 out = (span + stride - 1) / stride + 1;
+  const i64 span = size + lo + hi - eff;  // negative: a window longer than the padded input
+  i64 out = (span >= 0 ? (span + stride - 1) / stride : -(-span / stride)) + 1;
   if ((out - 1) * stride >= size + lo) out -= 1;
-  out = std::max(out, span / stride + 1);
-  return (out - 1) * stride + eff - (size + lo + hi);
+  out = std::max(out, span >= 0 ? span / stride + 1 : 0);
+  return out > 0 ? (out - 1) * stride + eff - (size + lo + hi) : 0;
 }
 
 PoolProblem make(const Spec& s) {
