@@ -105,3 +105,65 @@ def test_random_geometries_forward_and_gradients(problem, data):
   assert_close(y, y_ref, tol, "forward")
   assert_close(dx, dx_ref, tol, "grad lhs")
   assert_close(dw, dw_ref, tol, "grad rhs")
+
+
+ACTIVATIONS = {
+    None: lambda z: z, "relu": jax.nn.relu, "leaky_relu": lambda z: jax.nn.leaky_relu(z, 0.01),
+    "elu": jax.nn.elu, "sigmoid": jax.nn.sigmoid, "tanh": jax.numpy.tanh,
+    "gelu": lambda z: jax.nn.gelu(z, approximate=False), "silu": jax.nn.silu,
+}
+
+
+@settings(max_examples=25, deadline=None, database=None)
+@given(problem=conv_problems(), data=st.data())
+def test_random_geometries_fused_epilogue(problem, data):
+  """act(conv(x, w) + bias + residual) on random geometries and layouts (the bias along the output
+  spec's feature axis), forward and the gradients to all four operands, against lax plus jnp."""
+  lhs_shape, rhs_shape, dtype, kwargs = problem
+  conv = functools.partial(lax_conv_hi, **kwargs)
+  try:
+    y_aval = jax.eval_shape(conv, jax.ShapeDtypeStruct(lhs_shape, F64),
+                            jax.ShapeDtypeStruct(rhs_shape, F64))
+  except (ValueError, TypeError):
+    assume(False)
+  out_spec = kwargs["dimension_numbers"][2]
+  feature_axis = out_spec.index("C")
+  k = y_aval.shape[feature_axis]
+  act = data.draw(st.sampled_from(list(ACTIVATIONS)), label="activation")
+  has_bias, has_residual = data.draw(st.booleans(), label="bias"), data.draw(st.booleans(),
+                                                                                label="residual")
+  seed = data.draw(st.integers(0, 2**16), label="seed")
+  x, w = rand(lhs_shape, dtype, seed=seed), rand(rhs_shape, dtype, seed=seed + 1)
+  b = rand((k,), dtype, seed=seed + 2) if has_bias else None
+  r = rand(y_aval.shape, dtype, seed=seed + 3) if has_residual else None
+  ct = rand(y_aval.shape, dtype, seed=seed + 4)
+  bshape = [1] * len(y_aval.shape)
+  bshape[feature_axis] = k
+
+  def ref(x, w, b, r):
+    z = conv(x, w)
+    z = z if b is None else z + b.reshape(bshape)
+    z = z if r is None else z + r
+    return ACTIVATIONS[act](z)
+
+  probe = lambda x, w: jaxdnn.conv(x, w, **kwargs)
+  supported = [a for a in GENERAL_FAMILIES if not unsupported(a, probe, x, w)]
+  algo = data.draw(st.sampled_from([*supported, "auto"]), label="algo")
+  note(f"lhs {lhs_shape} rhs {rhs_shape} {dtype} {kwargs} act={act} bias={has_bias} "
+       f"residual={has_residual} algo={algo}")
+
+  def ours(x, w, b, r):
+    return jaxdnn.conv(x, w, **kwargs, bias=b, residual=r, activation=act, algo=algo)
+  argnums = tuple(i for i, v in enumerate((x, w, b, r)) if v is not None)
+  loss = lambda f: lambda *a: jax.numpy.vdot(f(*a), ct)
+  y = ours(x, w, b, r)
+  y_ref = ref(*(None if v is None else v.astype(F64) for v in (x, w, b, r)))
+  assert y.shape == y_ref.shape and y.dtype == dtype
+  tol = 2 * tolerance(dtype)
+  assert_close(y, y_ref, tol, "forward")
+  grads = jax.grad(loss(ours), argnums=argnums)(x, w, b, r)
+  grads_ref = jax.grad(loss(ref), argnums=argnums)(
+      *(None if v is None else v.astype(F64) for v in (x, w, b, r)))
+  for i, g, g_ref in zip(argnums, grads, grads_ref):
+    assert g.shape == (x, w, b, r)[i].shape and g.dtype == dtype
+    assert_close(g, g_ref, tol, f"grad of operand {i}")
