@@ -9,6 +9,7 @@ TypeError here, at trace time, naming the argument.
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Sequence
 
 import jax
@@ -93,6 +94,18 @@ def _check_dtype(name: str, dtype) -> np.dtype:
     supported = ", ".join(str(d) for d in algorithms.SUPPORTED_DTYPES)
     raise TypeError(f"{name} has dtype {dtype}; jaxdnn supports {supported}")
   return dtype
+
+
+def _canonical_result_dtype(dtype: np.dtype) -> np.dtype:
+  """preferred_element_type as lax takes it: float64 without jax_enable_x64 becomes float32,
+  with lax's warning."""
+  canonical = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+  if canonical != dtype:
+    warnings.warn(f"Explicitly requested dtype {dtype} requested in jaxdnn.conv is not "
+                  f"available, and will be truncated to dtype {canonical}. To enable more "
+                  f"dtypes, set the jax_enable_x64 configuration option or the JAX_ENABLE_X64 "
+                  f"shell environment variable.", stacklevel=3)
+  return canonical
 
 
 def _native_layout(dnums: lax.ConvDimensionNumbers, ndim: int) -> Layout:
@@ -238,8 +251,8 @@ def conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rh
   rhs_dtype = _check_dtype("rhs", rhs.dtype)
   if in_dtype != rhs_dtype:
     raise TypeError(f"lhs and rhs must have the same dtype, got {in_dtype} and {rhs_dtype}")
-  out_dtype = in_dtype if preferred_element_type is None else _check_dtype(
-      "preferred_element_type", preferred_element_type)
+  out_dtype = in_dtype if preferred_element_type is None else _canonical_result_dtype(
+      _check_dtype("preferred_element_type", preferred_element_type))
   if out_dtype.itemsize < in_dtype.itemsize:
     raise TypeError(f"preferred_element_type must not be narrower than the operands' dtype (as "
                     f"in lax), got {out_dtype} for {in_dtype} operands")

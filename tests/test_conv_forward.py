@@ -109,6 +109,22 @@ def test_preferred_element_type_is_more_accurate_than_input_dtype():
   assert err32 < err16
 
 
+def test_preferred_float64_without_x64_is_float32_with_lax_warning():
+  """With jax_enable_x64 off, lax warns and computes a float64 preferred_element_type as
+  float32; jaxdnn.conv does the same (it used to fail in lowering with a verifier error)."""
+  with jax.enable_x64(False):
+    x = jnp.asarray(rand((2, 3, 6, 5), F32, seed=5))
+    w = jnp.asarray(rand((4, 3, 3, 3), F32, seed=6))
+    args = ((1, 1), "SAME")
+    with pytest.warns(UserWarning, match="truncated to dtype float32"):
+      ref = lax.conv_general_dilated(x, w, *args, preferred_element_type=jnp.float64,
+                                     precision=lax.Precision.HIGHEST)
+    with pytest.warns(UserWarning, match="truncated to dtype float32"):
+      y = jaxdnn.conv(x, w, *args, preferred_element_type=jnp.float64)
+    assert y.dtype == ref.dtype == jnp.float32
+    assert_close(y, np.asarray(ref, np.float64), tolerance(F32))
+
+
 # ---------------------------------------------------------------------------------------------
 # Support matrix: skips elsewhere may not hide CPU regressions.
 
