@@ -65,16 +65,23 @@ def conv_problems(draw):
   return lhs_shape, rhs_shape, dtype, kwargs
 
 
-@settings(max_examples=35, deadline=None, database=None)
-@given(problem=conv_problems(), data=st.data())
-def test_random_geometries_forward_and_gradients(problem, data):
-  lhs_shape, rhs_shape, dtype, kwargs = problem
+def _lax_reference(lhs_shape, rhs_shape, kwargs):
+  """lax's convolution with the drawn arguments and its output aval; draws that are not a valid
+  lax convolution (e.g. a negative padded extent) are discarded."""
   ref = functools.partial(lax_conv_hi, **kwargs)
   try:
     y_aval = jax.eval_shape(ref, jax.ShapeDtypeStruct(lhs_shape, F64),
                             jax.ShapeDtypeStruct(rhs_shape, F64))
   except (ValueError, TypeError):
-    assume(False)  # not a valid lax convolution (e.g. a negative padded extent)
+    assume(False)
+  return ref, y_aval
+
+
+@settings(max_examples=35, deadline=None, database=None)
+@given(problem=conv_problems(), data=st.data())
+def test_random_geometries_forward_and_gradients(problem, data):
+  lhs_shape, rhs_shape, dtype, kwargs = problem
+  ref, y_aval = _lax_reference(lhs_shape, rhs_shape, kwargs)
   seed = data.draw(st.integers(0, 2**16), label="seed")
   x = rand(lhs_shape, dtype, seed=seed)
   w = rand(rhs_shape, dtype, seed=seed + 1)
@@ -120,12 +127,7 @@ def test_random_geometries_fused_epilogue(problem, data):
   """act(conv(x, w) + bias + residual) on random geometries and layouts (the bias along the output
   spec's feature axis), forward and the gradients to all four operands, against lax plus jnp."""
   lhs_shape, rhs_shape, dtype, kwargs = problem
-  conv = functools.partial(lax_conv_hi, **kwargs)
-  try:
-    y_aval = jax.eval_shape(conv, jax.ShapeDtypeStruct(lhs_shape, F64),
-                            jax.ShapeDtypeStruct(rhs_shape, F64))
-  except (ValueError, TypeError):
-    assume(False)
+  conv, y_aval = _lax_reference(lhs_shape, rhs_shape, kwargs)
   out_spec = kwargs["dimension_numbers"][2]
   feature_axis = out_spec.index("C")
   k = y_aval.shape[feature_axis]
