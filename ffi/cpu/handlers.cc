@@ -256,6 +256,33 @@ ffi::Error activation_bwd_impl(ffi::AnyBuffer s, ffi::AnyBuffer dy,
   return guard_pointwise("activation", [&] { return activation_call(s, &dy, dx, attrs); });
 }
 
+ffi::Error activation_mask_fwd_impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                                    ffi::Result<ffi::AnyBuffer> bits, ffi::Dictionary attrs) {
+  return guard_pointwise("activation mask", [&] {
+    ActivationMaskCall c;
+    if (auto e = decode_activation_mask_call(x, *bits, *y, attrs, false, &c); !e.success())
+      return e;
+    std::string err = run_activation_mask(c, x.untyped_data(), y->untyped_data(),
+                                          static_cast<uint8_t*>(bits->untyped_data()));
+    if (!err.empty()) return ffi::Error::InvalidArgument("jaxdnn activation mask: " + err);
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error activation_mask_bwd_impl(ffi::AnyBuffer bits, ffi::AnyBuffer dy,
+                                    ffi::Result<ffi::AnyBuffer> dx, ffi::Dictionary attrs) {
+  return guard_pointwise("activation mask", [&] {
+    ActivationMaskCall c;
+    if (auto e = decode_activation_mask_call(dy, bits, *dx, attrs, true, &c); !e.success())
+      return e;
+    // The backward only reads the mask.
+    uint8_t* mask = static_cast<uint8_t*>(const_cast<void*>(bits.untyped_data()));
+    std::string err = run_activation_mask(c, dy.untyped_data(), dx->untyped_data(), mask);
+    if (!err.empty()) return ffi::Error::InvalidArgument("jaxdnn activation mask: " + err);
+    return ffi::Error::Success();
+  });
+}
+
 ffi::Error softmax_fwd_impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             ffi::Dictionary attrs) {
   return guard_pointwise("softmax", [&] { return softmax_call(x, nullptr, y, attrs); });
@@ -271,6 +298,14 @@ ffi::Error softmax_bwd_impl(ffi::AnyBuffer y, ffi::AnyBuffer v, ffi::Result<ffi:
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationForward, activation_fwd_impl,
                               bind_unary_pointwise_call(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationBackward, activation_bwd_impl,
+                              bind_binary_pointwise_call(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationMaskForward, activation_mask_fwd_impl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attrs<ffi::Dictionary>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationMaskBackward, activation_mask_bwd_impl,
                               bind_binary_pointwise_call(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxForward, softmax_fwd_impl,
                               bind_unary_pointwise_call(ffi::Ffi::Bind()));

@@ -71,6 +71,13 @@ def extension(platform: str) -> ModuleType | None:
   return module
 
 
+@functools.cache
+def has_target(platform: str, target: str) -> bool:
+  """Whether the extension for `platform` is built and registers the FFI target `target`."""
+  module = extension(platform)
+  return module is not None and target in module.registrations()
+
+
 def load_cpu_extension() -> ModuleType:
   module = extension("cpu")
   assert module is not None

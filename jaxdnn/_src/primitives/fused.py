@@ -497,12 +497,6 @@ def _fused_lowering(platform):
   return mlir.lower_fun(impl, multiple_results=True)
 
 
-@functools.cache
-def _has_target(platform: str, target: str) -> bool:
-  module = jffi.extension(platform)
-  return module is not None and target in module.registrations()
-
-
 def _bab_reference(t, tb, s, *, activation, activation_param, channel_axis, reduce, order):
   ct = _compute_dtype(t.dtype)
   tp = t.astype(ct)
@@ -541,7 +535,7 @@ def _bab_lowering(platform):
   def impl(*args, has_tb, order, **params):
     t, tb, s = _split_bab(args, has_tb)
     if (order == 1 and platform is not None and not reference.reference_enabled()
-        and _has_target(platform, BIAS_ACT_TARGET)):
+        and jffi.has_target(platform, BIAS_ACT_TARGET)):
       return _bab_ffi_call(platform, t, tb, s, **params)
     return _bab_reference(t, tb, s, order=order, **params)
   return mlir.lower_fun(impl, multiple_results=True)
