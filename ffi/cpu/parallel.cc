@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -72,6 +73,7 @@ class ThreadPool {
   void worker_loop() {
     uint64_t seen = 0;
     for (;;) {
+      spin_for_next_job(seen);
       {
         std::unique_lock<std::mutex> lock(mu_);
         wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -86,6 +88,24 @@ class ThreadPool {
     }
   }
 
+  // Before sleeping, a worker watches for the next job for a short while: an XLA program's
+  // consecutive jaxdnn calls follow each other within microseconds, and a condition-variable
+  // wake-up costs tens of microseconds on a virtual machine, as long as a whole pointwise call
+  // on a few hundred thousand elements (the caller then did most of the chunks alone).
+  void spin_for_next_job(uint64_t seen) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    for (int i = 1; generation_.load(std::memory_order_acquire) == seen; ++i) {
+      cpu_relax();
+      if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return;
+    }
+  }
+  static void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  static constexpr int kSpinMicros = 100;
+
   std::vector<std::thread> threads_;
   std::mutex job_mu_, mu_;
   std::condition_variable wake_, done_;
@@ -94,7 +114,7 @@ class ThreadPool {
   std::atomic<int64_t> next_{0};
   int active_workers_ = 0;  // workers inside the current job
   bool open_ = false;       // whether workers may still join the current job
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};  // written under mu_; read unlocked while spinning
   std::exception_ptr error_;
   bool stop_ = false;
 };
