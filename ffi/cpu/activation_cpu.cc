@@ -104,9 +104,13 @@ void run_range(const S* s, const S* dy, S* out, int64_t begin, int64_t end, doub
 }
 
 // Whether (op, kind) needs no transcendental function: such loops are memory-bound, and a
-// second thread only pays off on larger arrays (on the 2-core host, float32 arrays of 1.6 MB ran
-// faster on one thread, 3.2 MB and up on two), so they split in chunks of at least 512K
-// elements. The others are compute-bound and split early.
+// second thread only pays off on larger arrays, so they split in chunks of at least
+// kMemoryBoundChunk elements; the others are compute-bound and split early. (2-core host, with
+// the pool's workers spinning briefly for the next job: relu's forward and mask backward on
+// 200K-400K float32 elements ran 1.5-1.7x faster at 128K than at 512K, where they ran on one
+// thread; 64K was no better than 128K.)
+constexpr int64_t kMemoryBoundChunk = int64_t{1} << 17;
+
 template <Op kOp, Activation kA>
 constexpr bool kCheap =
     kA == Activation::kIdentity || kA == Activation::kRelu || kA == Activation::kLeakyRelu ||
@@ -117,7 +121,7 @@ void run_typed(const ActivationCall& c, const void* s, const void* dy, void* out
   const S* sp = static_cast<const S*>(s);
   const S* dp = static_cast<const S*>(dy);
   S* op = static_cast<S*>(out);
-  const int64_t min_chunk = kCheap<kOp, kA> ? (int64_t{1} << 19) : (int64_t{1} << 14);
+  const int64_t min_chunk = kCheap<kOp, kA> ? kMemoryBoundChunk : (int64_t{1} << 14);
   parallel_for(
       c.n, [&](int64_t b, int64_t e) { run_range<S, kOp, kA>(sp, dp, op, b, e, c.param); },
       min_chunk, 2);
@@ -268,8 +272,8 @@ template <typename S, Activation kA>
 void run_mask_typed(const ActivationMaskCall& c, const void* data, void* out, uint8_t* bits) {
   const S* in = static_cast<const S*>(data);
   S* o = static_cast<S*>(out);
-  // Memory-bound: split only large arrays (see kCheap), in whole mask bytes.
-  constexpr int64_t kMinElements = int64_t{1} << 19;
+  // Memory-bound (see kCheap): split in whole mask bytes.
+  constexpr int64_t kMinElements = kMemoryBoundChunk;
   if (c.row % 8 == 0) {  // one bit stream: element i has bit i % 8 of byte i / 8
     parallel_for(
         c.rows * c.row / 8,
