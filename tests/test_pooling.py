@@ -771,6 +771,31 @@ def test_global_pools(layout):
     np.testing.assert_array_equal(jaxdnn.global_max_pool(x), top.reshape(x.shape[0], -1))
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16, F64], ids=str)
+@pytest.mark.parametrize("spatial", [(3, 3), (4, 4), (7, 7), (5, 10), (2, 17), (1, 1)], ids=str)
+def test_global_max_channels_first_blocks_of_planes(spatial, dtype):
+  """Channels-first global max over 40 planes (the CPU kernel reduces 16 planes at a time, each
+  as one flat run of 16-lane vectors, then 8 planes one by one), with NaN, -inf-only and +-0 ties
+  planted: bitwise jnp.max, and the gradient to the first of tied taps."""
+  x = np.array(case_inputs((4, 10, *spatial), F64, seed=26)).reshape(40, -1)
+  x[3, -1] = np.nan
+  x[5, :] = -np.inf
+  x[7, :] = -1.0
+  x[7, -1] = 0.0
+  x[8, :] = 0.0
+  x[8, 0] = -0.0
+  x[20, 0] = np.inf
+  x[39, :] = np.nan
+  x = jnp.asarray(x.reshape(4, 10, *spatial)).astype(dtype)
+  y = jax.jit(lambda a: jaxdnn.global_max_pool(a, layout="NCHW"))(x)
+  np.testing.assert_array_equal(y, jnp.max(x, (2, 3)))
+  ct = case_inputs((4, 10), dtype, seed=27)
+  top = lambda a: lax_max_pool(jnp.moveaxis(a, 1, -1), spatial).reshape(4, 10)
+  g = jax.grad(lambda a: jnp.vdot(jaxdnn.global_max_pool(a, layout="NCHW"), ct).astype(F32))(x)
+  g_ref = jax.grad(lambda a: jnp.vdot(top(a), ct).astype(F32))(x)
+  np.testing.assert_array_equal(g, g_ref)
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors (the CUDA lowering is checked in test_lowering_cuda.py).
 
