@@ -774,9 +774,10 @@ def test_global_pools(layout):
 @pytest.mark.parametrize("dtype", [F32, BF16, F64], ids=str)
 @pytest.mark.parametrize("spatial", [(3, 3), (4, 4), (7, 7), (5, 10), (2, 17), (1, 1)], ids=str)
 def test_global_max_channels_first_blocks_of_planes(spatial, dtype):
-  """Channels-first global max over 40 planes (the CPU kernel reduces 16 planes at a time, each
-  as one flat run of 16-lane vectors, then 8 planes one by one), with NaN, -inf-only and +-0 ties
-  planted: bitwise jnp.max, and the gradient to the first of tied taps."""
+  """Channels-first global max over 40 planes (the CPU kernel reduces planes of rows <= 16 wide 16
+  at a time in vector registers, then 8 planes one by one; wider rows take the scalar loop), with
+  NaN, -inf-only and +-0 ties planted: bitwise jnp.max, and the gradient to the first of tied
+  taps."""
   x = np.array(case_inputs((4, 10, *spatial), F64, seed=26)).reshape(40, -1)
   x[3, -1] = np.nan
   x[5, :] = -np.inf

@@ -769,10 +769,7 @@ struct PoolKernels {
         const int64_t i1 = std::min(I, i + B);
 #if defined(JAXDNN_POOL_AVX512)
         if constexpr (kSimd) {
-          if (kMax && i1 - i == B) {
-            global_max_flat16(x + i * P, y + i, P);
-            i = i1;
-          } else if (W <= 16 && i1 - i == B) {
+          if (W <= 16 && i1 - i == B) {
             global_block16<kMax>(x + i * P, y + i, R, W, identity, divisor);
             i = i1;
           }
@@ -792,29 +789,6 @@ struct PoolKernels {
   }
 
 #if defined(JAXDNN_POOL_AVX512)
-  // The max of each of 16 consecutive images of P contiguous elements. A max is exact in any
-  // order (a NaN anywhere gives NaN), so each image is read as one flat run of 16-lane vectors,
-  // ceil(P / 16) loads instead of one per row (7 for 7x7 against 4), then transposed and
-  // reduced over the lanes.
-  static void global_max_flat16(const S* x, S* y, const int64_t P) {
-    const __m512 lowest = _mm512_set1_ps(-kInf<A>);
-    const int64_t full = P / 16 * 16;
-    const __mmask16 tail = static_cast<__mmask16>((1u << (P - full)) - 1);
-    __m512 t[16], cols[16];
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) {
-      const S* xj = x + j * P;
-      __m512 m = lowest;
-      for (int64_t k = 0; k < full; k += 16) m = vmax_nan(m, vload16(xj + k));
-      if (tail) m = vmax_nan(m, _mm512_mask_blend_ps(tail, lowest, vload16(xj + full, tail)));
-      t[j] = m;
-    }
-    transpose16(t, cols, 16);
-    __m512 acc = lowest;
-    for (int w = 0; w < 16; ++w) acc = vmax_nan(acc, cols[w]);
-    vstore16(y, acc);
-  }
-
   // 16 consecutive one-channel images of R rows of W <= 16 (P = R * W contiguous elements each):
   // row reductions with the images in 16 independent registers (rows of <= 8 elements in
   // 256-bit registers), transposed, then reduced over the W lanes in order.
