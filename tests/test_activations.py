@@ -199,7 +199,7 @@ def test_first_derivatives_match_jax(from_output):
     # for the kinds with a mask form.
     f = functools.partial(act_prims.activation, spec=specs[case])
     hlo = jax.jit(jax.grad(lambda a: jnp.vdot(f(a), ct))).lower(x).as_text()
-    masked = specs[case].kind in act_prims.MASKED_KINDS and PLATFORM == "cpu"
+    masked = specs[case].kind in act_prims.MASKED_KINDS and MASK_KERNELS
     assert ("jaxdnn_activation_mask_bwd" if masked else "jaxdnn_activation_bwd") in hlo
 
 
@@ -382,7 +382,8 @@ MASK_CASES = ("relu", "leaky_relu_0.2", "clipped_relu_2.5", "relu6")
 # Row lengths around the byte (8) and the 16-lane vector: tails, partial bytes, one element.
 MASK_SHAPES = [(1,), (7,), (3, 8), (2, 9), (5, 16), (4, 17), (2, 3, 33), (3, 100), (2, 2, 1),
                (1, 4099)]
-MASK_KERNELS = ffi.has_target("cpu", act_prims.MASK_TARGETS[0]) and PLATFORM == "cpu"
+# Whether differentiation takes the mask kernels here (the default backend's extension has them).
+MASK_KERNELS = act_prims._mask_kernels_by_default(jax.default_backend())
 
 
 def _mask_input(dtype, shape, seed):
@@ -456,7 +457,7 @@ def test_mask_large_arrays_split_across_threads(shape, dtype):
     np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(ref, np.float32), case)
 
 
-@pytest.mark.skipif(not MASK_KERNELS, reason="the CPU mask kernels take this path")
+@pytest.mark.skipif(not MASK_KERNELS, reason="no mask kernels on this backend")
 def test_mask_path_in_the_hlo_and_its_absence_for_rank_zero():
   x = _inputs(F32)
   text = jax.jit(jax.grad(lambda a: jnp.sum(jaxdnn.relu(a)))).lower(x).as_text()
@@ -527,7 +528,7 @@ def test_mask_primitive_checks():
     act_prims.activation_select(jnp.zeros((2, 2), np.int32), jnp.ones((2, 9)), relu)
 
 
-@pytest.mark.skipif(not MASK_KERNELS, reason="the CPU mask kernels")
+@pytest.mark.skipif(not MASK_KERNELS, reason="no mask kernels on this backend")
 def test_mask_ffi_rejects_a_malformed_call():
   """The handler's own checks (the primitives never send these): an error, not a crash."""
   call = jax.ffi.ffi_call("jaxdnn_activation_mask_bwd", jax.ShapeDtypeStruct((2, 9), F32))
