@@ -258,29 +258,12 @@ ffi::Error activation_bwd_impl(ffi::AnyBuffer s, ffi::AnyBuffer dy,
 
 ffi::Error activation_mask_fwd_impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                                     ffi::Result<ffi::AnyBuffer> bits, ffi::Dictionary attrs) {
-  return guard_pointwise("activation mask", [&] {
-    ActivationMaskCall c;
-    if (auto e = decode_activation_mask_call(x, *bits, *y, attrs, false, &c); !e.success())
-      return e;
-    std::string err = run_activation_mask(c, x.untyped_data(), y->untyped_data(),
-                                          static_cast<uint8_t*>(bits->untyped_data()));
-    if (!err.empty()) return ffi::Error::InvalidArgument("jaxdnn activation mask: " + err);
-    return ffi::Error::Success();
-  });
+  return run_activation_mask_call(x, *bits, *y, attrs, false, run_activation_mask);
 }
 
 ffi::Error activation_mask_bwd_impl(ffi::AnyBuffer bits, ffi::AnyBuffer dy,
                                     ffi::Result<ffi::AnyBuffer> dx, ffi::Dictionary attrs) {
-  return guard_pointwise("activation mask", [&] {
-    ActivationMaskCall c;
-    if (auto e = decode_activation_mask_call(dy, bits, *dx, attrs, true, &c); !e.success())
-      return e;
-    // The backward only reads the mask.
-    uint8_t* mask = static_cast<uint8_t*>(const_cast<void*>(bits.untyped_data()));
-    std::string err = run_activation_mask(c, dy.untyped_data(), dx->untyped_data(), mask);
-    if (!err.empty()) return ffi::Error::InvalidArgument("jaxdnn activation mask: " + err);
-    return ffi::Error::Success();
-  });
+  return run_activation_mask_call(dy, bits, *dx, attrs, true, run_activation_mask);
 }
 
 ffi::Error softmax_fwd_impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,

@@ -161,6 +161,23 @@ inline ffi::Error decode_activation_mask_call(const ffi::AnyBuffer& data,
   return ffi::Error::Success();
 }
 
+// A whole activation-mask handler body: decode, then run(call, data, out, bits) (the backend's
+// kernels; "" or the reason for an error), guarded against exceptions.
+template <typename Run>
+ffi::Error run_activation_mask_call(const ffi::AnyBuffer& data, const ffi::AnyBuffer& bits,
+                                    const ffi::AnyBuffer& out, const ffi::Dictionary& attrs,
+                                    bool backward, Run&& run) {
+  return guard_pointwise("activation mask", [&] {
+    ActivationMaskCall c;
+    if (auto e = decode_activation_mask_call(data, bits, out, attrs, backward, &c); !e.success())
+      return e;
+    const std::string err = run(c, data.untyped_data(), out.untyped_data(),
+                                static_cast<uint8_t*>(bits.untyped_data()));
+    if (!err.empty()) return ffi::Error::InvalidArgument("jaxdnn activation mask: " + err);
+    return ffi::Error::Success();
+  });
+}
+
 // Softmax forward (v == nullptr) or backward (operands y, v).
 inline ffi::Error decode_softmax_call(const ffi::AnyBuffer& x, const ffi::AnyBuffer* v,
                                       const ffi::AnyBuffer& out, const ffi::Dictionary& attrs,
