@@ -6,9 +6,11 @@ repeats, divided by K. Both implementations run in the same harness.
 
   fwd  y = f(x)                                     bytes: x read + y written
   bwd  the VJP alone, from the residuals the forward saved (a jax.vjp closure passed into the
-       jitted function, so the forward is not re-run): jaxdnn reads y (relu-likes, elu, sigmoid,
-       tanh) or x (gelu, silu) and dy, writes dx; XLA reads whatever its VJP saved.
-                                                    bytes: 2 arrays read + 1 written
+       jitted function, so the forward is not re-run): jaxdnn reads a one-bit mask (relu,
+       leaky_relu, relu6 on the CPU), y (elu, sigmoid, tanh; the relu-likes on the GPU) or x
+       (gelu, silu) and dy, writes dx; XLA reads whatever its VJP saved (relu-likes: a bool).
+                                                    bytes: 2 arrays read + 1 written (a common
+                                                    yardstick, not either side's real traffic)
   fwd+bwd  y and dx together (jax.vjp inside the jitted function, both returned), as a training
        step needs them: XLA fuses jax.nn's forward and backward into one loop, jaxdnn runs its two
        kernels.                                     bytes: x, dy read + y, dx written

@@ -195,10 +195,12 @@ def test_first_derivatives_match_jax(from_output):
     # Norm-relative (terms like gelu_tanh's 1 + tanh(u) cancel differently in jax's expression).
     assert_close(ours[case][0], refs[case][0], 1e-12, f"{case} vjp")
     assert_close(ours[case][1], refs[case][1], 1e-12, f"{case} jvp")
-    # The first derivative is jaxdnn's backward kernel, not jnp.
+    # The first derivative is jaxdnn's backward kernel, not jnp: on the CPU the mask kernels
+    # for the kinds with a mask form.
     f = functools.partial(act_prims.activation, spec=specs[case])
     hlo = jax.jit(jax.grad(lambda a: jnp.vdot(f(a), ct))).lower(x).as_text()
-    assert "jaxdnn_activation_bwd" in hlo
+    masked = specs[case].kind in act_prims.MASKED_KINDS and MASK_KERNELS
+    assert ("jaxdnn_activation_mask_bwd" if masked else "jaxdnn_activation_bwd") in hlo
 
 
 @pytest.mark.parametrize("from_output", (True, False), ids=("from_output", "from_input"))
@@ -371,6 +373,171 @@ def test_primitive_checks():
     act_prims.activation_grad(jnp.ones((2, 3)), jnp.ones((3, 2)), spec)
   with pytest.raises(ValueError, match="cannot be computed from its output"):
     ActivationSpec.make("gelu", from_output=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bit masks: relu, leaky_relu and clipped_relu keep one bit per element for their backward.
+
+MASK_CASES = ("relu", "leaky_relu_0.2", "clipped_relu_2.5", "relu6")
+# Row lengths around the byte (8) and the 16-lane vector: tails, partial bytes, one element.
+MASK_SHAPES = [(1,), (7,), (3, 8), (2, 9), (5, 16), (4, 17), (2, 3, 33), (3, 100), (2, 2, 1),
+               (1, 4099)]
+# Whether differentiation takes the mask kernels here (the default backend's extension has them).
+MASK_KERNELS = act_prims._mask_kernels_by_default(jax.default_backend())
+
+
+def _mask_input(dtype, shape, seed):
+  """Normal values (scale 4) with every kink, -0.0 and a NaN planted where there is room."""
+  x = np.asarray(4 * np.random.default_rng(seed).standard_normal(shape))
+  flat = x.reshape(-1)
+  special = [0.0, -0.0, 6.0, 2.5, np.nan, 1e-30, -1e-30][:flat.size]
+  flat[:len(special)] = special
+  return jnp.asarray(x).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", MASK_SHAPES, ids=str)
+def test_mask_forward_bits_and_values(shape, dtype):
+  """y equals the plain forward bitwise; the bits are jax.nn's kink tests on x, packed along the
+  last axis (least significant bit first), from the kernels and from the jnp form alike."""
+  x = _mask_input(dtype, shape, 11)
+  x64 = np.asarray(x, np.float64)
+  for case in MASK_CASES:
+    spec = _spec(case)
+    y, bits = jax.jit(lambda a: act_prims.activation_mask_p.bind(a, spec=spec))(x)
+    np.testing.assert_array_equal(np.asarray(y, np.float64),
+                                  np.asarray(act_prims.activation(x, spec), np.float64))
+    kink = {"relu": x64 > 0, "leaky_relu": x64 >= 0}.get(
+        spec.kind, (x64 > 0) & (x64 < spec.param))
+    np.testing.assert_array_equal(bits, np.packbits(kink, axis=-1, bitorder="little"), case)
+    ref = act_prims._reference_activation_mask(x, spec=spec)
+    np.testing.assert_array_equal(bits, ref[1], case)
+    np.testing.assert_array_equal(np.asarray(y, np.float64), np.asarray(ref[0], np.float64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", MASK_SHAPES, ids=str)
+def test_mask_backward_equals_the_output_backward(shape, dtype):
+  """The VJP through the bits equals the backward from the output bitwise, and (float32 and
+  float64) jax.nn's VJP; on the CPU the residual is the uint8 mask."""
+  x = _mask_input(dtype, shape, 12)
+  ct = _mask_input(dtype, shape, 13)
+  ct = jnp.where(jnp.isnan(ct), jnp.inf, ct)  # a non-finite cotangent is selected away too
+  for case in MASK_CASES:
+    spec = _spec(case)
+    y, vjp = jax.vjp(CASES[case][0], x)
+    dx = jax.jit(vjp)(ct)[0]
+    from_output = act_prims.activation_grad(y, ct, spec, 1)
+    np.testing.assert_array_equal(np.asarray(dx, np.float64), np.asarray(from_output, np.float64),
+                                  case)
+    if dtype in (F32, F64):
+      np.testing.assert_array_equal(dx, jax.vjp(CASES[case][1], x)[1](ct)[0], case)
+    ref = act_prims._reference_activation_select(
+        act_prims._reference_activation_mask(x, spec=spec)[1], ct, spec=spec)
+    np.testing.assert_array_equal(np.asarray(dx, np.float64), np.asarray(ref, np.float64), case)
+    if MASK_KERNELS:
+      residuals = [a for a in jax.tree_util.tree_leaves(vjp) if hasattr(a, "dtype")]
+      assert [r.dtype for r in residuals] == [np.uint8], case
+
+
+@pytest.mark.parametrize("shape", [(600, 1000), (70001, 9)], ids=str)
+@pytest.mark.parametrize("dtype", (F32, BF16), ids=str)
+def test_mask_large_arrays_split_across_threads(shape, dtype):
+  """Arrays past the threads' split size, in whole bytes (rows of 1000) and in rows (of 9)."""
+  x = _mask_input(dtype, shape, 14)
+  ct = _mask_input(dtype, shape, 15)
+  for case in ("relu", "leaky_relu_0.2", "relu6"):
+    spec = _spec(case)
+    y, bits = jax.jit(lambda a: act_prims.activation_mask_p.bind(a, spec=spec))(x)
+    ref_y, ref_bits = act_prims._reference_activation_mask(x, spec=spec)
+    np.testing.assert_array_equal(bits, ref_bits, case)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(ref_y, np.float32))
+    dx = jax.jit(lambda b, c: act_prims.activation_select(b, c, spec))(bits, ct)
+    ref = act_prims._reference_activation_select(bits, ct, spec=spec)
+    np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(ref, np.float32), case)
+
+
+@pytest.mark.skipif(not MASK_KERNELS, reason="no mask kernels on this backend")
+def test_mask_path_in_the_hlo_and_its_absence_for_rank_zero():
+  x = _inputs(F32)
+  text = jax.jit(jax.grad(lambda a: jnp.sum(jaxdnn.relu(a)))).lower(x).as_text()
+  assert "jaxdnn_activation_mask_fwd" in text and "jaxdnn_activation_mask_bwd" in text
+  assert "jaxdnn_activation_bwd" not in text
+  # A scalar has no axis to pack: the output path.
+  text = jax.jit(jax.grad(jaxdnn.relu)).lower(jnp.float32(2.0)).as_text()
+  assert "jaxdnn_activation_bwd" in text
+  assert jax.grad(jaxdnn.relu)(jnp.float32(2.0)) == 1.0
+
+
+@pytest.mark.parametrize("in_axes", [(0, 0), (0, None), (None, 0), (1, 0), (None, 1), (2, 2),
+                                     (2, 0), (-1, -1), (1, 1)], ids=str)
+def test_vmap_mask_select_every_operand_combination(in_axes):
+  """vmap of the select over (bits, v), a batch axis on the packed axis included, and of the mask
+  forward over each axis; against a loop over the examples."""
+  rng = np.random.default_rng(17)
+  spec = _spec("leaky_relu_0.2")
+  example = (4, 11)
+  size = 3
+  xb = jnp.asarray(rng.standard_normal((size, *example)))
+  bits_b = jax.vmap(lambda a: act_prims.activation_mask_p.bind(a, spec=spec)[1])(xb)
+  db, dv = in_axes
+  bits = bits_b[0] if db is None else jnp.moveaxis(bits_b, 0, db)
+  v = _operand(rng, example, size, dv)
+  out = jax.jit(jax.vmap(lambda b, a: act_prims.activation_select(b, a, spec),
+                         in_axes=in_axes))(bits, v)
+  for i in range(size):
+    bi = bits_b[0] if db is None else bits_b[i]
+    vi = v if dv is None else jnp.moveaxis(v, dv, 0)[i]
+    np.testing.assert_array_equal(out[i], act_prims.activation_select(bi, vi, spec))
+  for axis in (0, 1, 2, -1):
+    xs = jnp.moveaxis(xb, 0, axis)
+    y, b = jax.jit(jax.vmap(lambda a: act_prims.activation_mask_p.bind(a, spec=spec),
+                            in_axes=axis))(xs)
+    np.testing.assert_array_equal(b, bits_b)
+    np.testing.assert_array_equal(y, act_prims.activation(xb, spec))
+
+
+def test_mask_path_derivatives_of_every_order():
+  """Through the bits: jvp, vjp, vmap of grad, grad of grad (zero), jvp of jvp, and check_grads
+  away from the kinks, against jax.nn."""
+  x = _inputs(F64, (3, 13), seed=21, kinks=())
+  x = jnp.where(jnp.abs(x) < 0.1, 0.7, x)
+  x = jnp.where(jnp.abs(x - 6) < 0.1, 5.0, x)
+  x = jnp.where(jnp.abs(x - 2.5) < 0.1, 1.2, x)
+  t = _inputs(F64, (3, 13), seed=22, kinks=())
+  for case in MASK_CASES:
+    ours, ref = CASES[case][:2]
+    np.testing.assert_array_equal(jax.jvp(ours, (x,), (t,))[1], jax.jvp(ref, (x,), (t,))[1])
+    g = lambda f: jax.grad(lambda a: jnp.sum(f(a) * t))
+    np.testing.assert_array_equal(jax.jit(jax.vmap(g(ours)))(x), jax.vmap(g(ref))(x))
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda a: jnp.sum(g(ours)(a) * t)))(x), 0)
+    jj = lambda f: jax.jvp(lambda a: jax.jvp(f, (a,), (t,))[1], (x,), (t,))[1]
+    np.testing.assert_array_equal(jj(ours), 0)
+    check_grads(ours, (x,), order=2, modes=("fwd", "rev"))
+
+
+def test_mask_primitive_checks():
+  relu, sigmoid = _spec("relu"), ActivationSpec.make("sigmoid")
+  with pytest.raises(ValueError, match="no mask form"):
+    act_prims.activation_mask_p.bind(jnp.ones((2, 3)), spec=sigmoid)
+  with pytest.raises(ValueError, match="rank >= 1"):
+    act_prims.activation_mask_p.bind(jnp.float32(1), spec=relu)
+  with pytest.raises(ValueError, match="uint8 of shape"):
+    act_prims.activation_select(jnp.zeros((2, 1), np.uint8), jnp.ones((2, 9)), relu)
+  with pytest.raises(ValueError, match="uint8 of shape"):
+    act_prims.activation_select(jnp.zeros((2, 2), np.int32), jnp.ones((2, 9)), relu)
+
+
+@pytest.mark.skipif(not MASK_KERNELS, reason="no mask kernels on this backend")
+def test_mask_ffi_rejects_a_malformed_call():
+  """The handler's own checks (the primitives never send these): an error, not a crash."""
+  call = jax.ffi.ffi_call("jaxdnn_activation_mask_bwd", jax.ShapeDtypeStruct((2, 9), F32))
+  with pytest.raises(Exception, match="last dimension L"):
+    jax.jit(lambda b, v: call(b, v, activation=np.int32(1), activation_param=np.float64(0)))(
+        jnp.zeros((2, 1), np.uint8), jnp.ones((2, 9), F32))
+  with pytest.raises(Exception, match="no mask form"):
+    jax.jit(lambda b, v: call(b, v, activation=np.int32(5), activation_param=np.float64(0)))(
+        jnp.zeros((2, 2), np.uint8), jnp.ones((2, 9), F32))
 
 
 # ---------------------------------------------------------------------------------------------

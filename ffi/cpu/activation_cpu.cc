@@ -7,8 +7,13 @@
 // rounded back. Large arrays are split across the thread pool (parallel.h).
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "f16_convert.h"
 #include "f16_storage.h"
@@ -101,9 +106,9 @@ void run_range(const S* s, const S* dy, S* out, int64_t begin, int64_t end, doub
 // Whether (op, kind) needs no transcendental function: such loops are memory-bound, and a
 // second thread only pays off on larger arrays, so they split in chunks of at least
 // kMemoryBoundChunk elements; the others are compute-bound and split early. (2-core host, with
-// the pool's workers spinning briefly for the next job: relu's forward on 200K-400K float32
-// elements ran 1.5-1.7x faster at 128K than at 512K, where it ran on one thread; 64K was no
-// better than 128K.)
+// the pool's workers spinning briefly for the next job: relu's forward and mask backward on
+// 200K-400K float32 elements ran 1.5-1.7x faster at 128K than at 512K, where they ran on one
+// thread; 64K was no better than 128K.)
 constexpr int64_t kMemoryBoundChunk = int64_t{1} << 17;
 
 template <Op kOp, Activation kA>
@@ -151,6 +156,156 @@ void dispatch_op(const ActivationCall& c, const void* s, const void* dy, void* o
                        : dispatch_kind<S, Op::kGrad2Input>(c, s, dy, out);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Activation masks (pointwise_problem.h): one bit per element, [f'(x) = 1], for the kinds whose
+// f' is 1 or a constant. The backward then reads 1/8 byte per element instead of the output.
+
+template <Activation kA, typename C>
+inline bool mask_bit(C x, C p) {
+  if constexpr (kA == Activation::kRelu) return x > C(0);
+  if constexpr (kA == Activation::kLeakyRelu) return x >= C(0);
+  return x > C(0) && x < p;  // kClippedRelu
+}
+
+// The bits of x[0, n) into ceil(n / 8) bytes (bit k of byte j: element 8j + k; the high bits of
+// a partial last byte are 0). NaN compares false: its bit is clear.
+template <Activation kA, typename C>
+void pack_mask(const C* __restrict x, int64_t n, C p, uint8_t* __restrict bits) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<C, float>) {
+    const __m512 zero = _mm512_setzero_ps(), ceiling = _mm512_set1_ps(p);
+    for (; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(x + i);
+      __mmask16 m;
+      if constexpr (kA == Activation::kRelu) {
+        m = _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ);
+      } else if constexpr (kA == Activation::kLeakyRelu) {
+        m = _mm512_cmp_ps_mask(v, zero, _CMP_GE_OQ);
+      } else {
+        m = _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ) & _mm512_cmp_ps_mask(v, ceiling, _CMP_LT_OQ);
+      }
+      const uint16_t word = static_cast<uint16_t>(m);  // lane k -> bit k; bytes little-endian
+      std::memcpy(bits + i / 8, &word, 2);
+    }
+  }
+#endif
+  for (; i < n; i += 8) {
+    unsigned byte = 0;
+    const int k_end = static_cast<int>(std::min<int64_t>(8, n - i));
+    for (int k = 0; k < k_end; ++k) byte |= unsigned(mask_bit<kA, C>(x[i + k], p)) << k;
+    bits[i / 8] = static_cast<uint8_t>(byte);
+  }
+}
+
+// dx = bit ? dy : lower * dy over n elements whose bits start at bit 0 of bits[0]; relu and
+// clipped_relu select (dx = 0 where the bit is clear, even for a NaN or inf dy, as jax.nn).
+template <Activation kA, typename C>
+void select_mask(const uint8_t* __restrict bits, const C* __restrict dy, C* __restrict dx,
+                 int64_t n, C p) {
+  constexpr bool kSelect = kA != Activation::kLeakyRelu;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<C, float>) {
+    const __m512 slope = _mm512_set1_ps(p);
+    for (; i + 16 <= n; i += 16) {
+      uint16_t word;
+      std::memcpy(&word, bits + i / 8, 2);
+      const __mmask16 m = _cvtu32_mask16(word);
+      const __m512 d = _mm512_loadu_ps(dy + i);
+      const __m512 r = kSelect ? _mm512_maskz_mov_ps(m, d)
+                               : _mm512_mask_mov_ps(_mm512_mul_ps(d, slope), m, d);
+      _mm512_storeu_ps(dx + i, r);
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const bool bit = (bits[i / 8] >> (i % 8)) & 1;
+    dx[i] = bit ? dy[i] : (kSelect ? C(0) : p * dy[i]);
+  }
+}
+
+// One span of n elements whose mask starts at a byte boundary: a whole row, or (rows of a
+// multiple of 8 elements) any run of whole bytes.
+template <typename S, Activation kA>
+void mask_span(const S* in, S* out, uint8_t* bits, int64_t n, double param, bool backward) {
+  using C = f16::Compute<S>;
+  const C p = static_cast<C>(param);
+  if constexpr (std::is_same_v<S, C>) {
+    if (backward) {
+      select_mask<kA, C>(bits, in, out, n, p);
+    } else {
+      // In blocks, so that the packing rereads x from L1.
+      for (int64_t b = 0; b < n; b += kBlock) {
+        const int64_t m = std::min(kBlock, n - b);
+        compute<Op::kForward, kA, C>(in + b, nullptr, out + b, m, p);
+        pack_mask<kA, C>(in + b, m, p, bits + b / 8);
+      }
+    }
+  } else {
+    // 16-bit storage: float32 blocks (kBlock is a multiple of 8, so each starts a mask byte).
+    alignas(64) float ib[kBlock], ob[kBlock];
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t m = std::min(kBlock, n - b);
+      f16::to_float(in + b, ib, m);
+      if (backward) {
+        select_mask<kA, float>(bits + b / 8, ib, ob, m, p);
+      } else {
+        compute<Op::kForward, kA, float>(ib, nullptr, ob, m, p);
+        pack_mask<kA, float>(ib, m, p, bits + b / 8);
+      }
+      // Selected elements, 0 and (forward) the inputs are exact; leaky_relu's products and a
+      // clipped_relu ceiling that the storage type cannot hold round.
+      bool exact = kA == Activation::kRelu || (backward && kA == Activation::kClippedRelu);
+      if constexpr (kA == Activation::kClippedRelu) {
+        if (!backward) exact = f16::load(f16::store<S>(p)) == p;
+      }
+      if (exact)
+        f16::from_float_exact(ob, out + b, m);
+      else
+        f16::from_float(ob, out + b, m);
+    }
+  }
+}
+
+template <typename S, Activation kA>
+void run_mask_typed(const ActivationMaskCall& c, const void* data, void* out, uint8_t* bits) {
+  const S* in = static_cast<const S*>(data);
+  S* o = static_cast<S*>(out);
+  // Memory-bound (see kCheap): split in whole mask bytes.
+  constexpr int64_t kMinElements = kMemoryBoundChunk;
+  if (c.row % 8 == 0) {  // one bit stream: element i has bit i % 8 of byte i / 8
+    parallel_for(
+        c.rows * c.row / 8,
+        [&](int64_t b, int64_t e) {
+          mask_span<S, kA>(in + 8 * b, o + 8 * b, bits + b, 8 * (e - b), c.param, c.backward);
+        },
+        kMinElements / 8, 2);
+  } else {
+    const int64_t bytes = activation_mask_bytes(c.row);
+    parallel_for(
+        c.rows,
+        [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r)
+            mask_span<S, kA>(in + r * c.row, o + r * c.row, bits + r * bytes, c.row, c.param,
+                             c.backward);
+        },
+        std::max<int64_t>(1, kMinElements / c.row), 2);
+  }
+}
+
+template <typename S>
+void run_mask_kind(const ActivationMaskCall& c, const void* data, void* out, uint8_t* bits) {
+  switch (c.activation) {
+    case Activation::kRelu: return run_mask_typed<S, Activation::kRelu>(c, data, out, bits);
+    case Activation::kLeakyRelu:
+      return run_mask_typed<S, Activation::kLeakyRelu>(c, data, out, bits);
+    case Activation::kClippedRelu:
+      return run_mask_typed<S, Activation::kClippedRelu>(c, data, out, bits);
+    default: return;  // the decoder admits only the kinds above
+  }
+}
+
 }  // namespace
 
 std::string run_activation(const ActivationCall& c, const void* s, const void* dy, void* out) {
@@ -162,6 +317,20 @@ std::string run_activation(const ActivationCall& c, const void* s, const void* d
     case DType::kF64: dispatch_op<double>(c, s, dy, out); break;
     case DType::kBF16: dispatch_op<BF16>(c, s, dy, out); break;
     case DType::kF16: dispatch_op<F16>(c, s, dy, out); break;
+    default: return "unsupported dtype";
+  }
+  return "";
+}
+
+std::string run_activation_mask(const ActivationMaskCall& c, const void* data, void* out,
+                                uint8_t* bits) {
+  if (!activation_has_mask(c.activation)) return "this activation has no mask form";
+  if (c.rows == 0 || c.row == 0) return "";
+  switch (c.dtype) {
+    case DType::kF32: run_mask_kind<float>(c, data, out, bits); break;
+    case DType::kF64: run_mask_kind<double>(c, data, out, bits); break;
+    case DType::kBF16: run_mask_kind<BF16>(c, data, out, bits); break;
+    case DType::kF16: run_mask_kind<F16>(c, data, out, bits); break;
     default: return "unsupported dtype";
   }
   return "";

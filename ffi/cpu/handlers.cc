@@ -256,6 +256,16 @@ ffi::Error activation_bwd_impl(ffi::AnyBuffer s, ffi::AnyBuffer dy,
   return guard_pointwise("activation", [&] { return activation_call(s, &dy, dx, attrs); });
 }
 
+ffi::Error activation_mask_fwd_impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                                    ffi::Result<ffi::AnyBuffer> bits, ffi::Dictionary attrs) {
+  return run_activation_mask_call(x, *bits, *y, attrs, false, run_activation_mask);
+}
+
+ffi::Error activation_mask_bwd_impl(ffi::AnyBuffer bits, ffi::AnyBuffer dy,
+                                    ffi::Result<ffi::AnyBuffer> dx, ffi::Dictionary attrs) {
+  return run_activation_mask_call(dy, bits, *dx, attrs, true, run_activation_mask);
+}
+
 ffi::Error softmax_fwd_impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             ffi::Dictionary attrs) {
   return guard_pointwise("softmax", [&] { return softmax_call(x, nullptr, y, attrs); });
@@ -271,6 +281,14 @@ ffi::Error softmax_bwd_impl(ffi::AnyBuffer y, ffi::AnyBuffer v, ffi::Result<ffi:
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationForward, activation_fwd_impl,
                               bind_unary_pointwise_call(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationBackward, activation_bwd_impl,
+                              bind_binary_pointwise_call(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationMaskForward, activation_mask_fwd_impl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attrs<ffi::Dictionary>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationMaskBackward, activation_mask_bwd_impl,
                               bind_binary_pointwise_call(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxForward, softmax_fwd_impl,
                               bind_unary_pointwise_call(ffi::Ffi::Bind()));

@@ -31,6 +31,8 @@ NB_MODULE(_jaxdnn_cpu, m) {
     d["jaxdnn_avg_pool_bwd"] = ffi_capsule(cpu::AvgPoolBackward);
     d["jaxdnn_activation_fwd"] = ffi_capsule(cpu::ActivationForward);
     d["jaxdnn_activation_bwd"] = ffi_capsule(cpu::ActivationBackward);
+    d["jaxdnn_activation_mask_fwd"] = ffi_capsule(cpu::ActivationMaskForward);
+    d["jaxdnn_activation_mask_bwd"] = ffi_capsule(cpu::ActivationMaskBackward);
     d["jaxdnn_softmax_fwd"] = ffi_capsule(cpu::SoftmaxForward);
     d["jaxdnn_softmax_bwd"] = ffi_capsule(cpu::SoftmaxBackward);
     return d;

@@ -52,6 +52,13 @@ JAXDNN_HD bool activation_grad_from_output(Activation a) {
   return a != Activation::kGelu && a != Activation::kGeluTanh && a != Activation::kSilu;
 }
 
+// Kinds whose f' takes two values, 1 and a constant (relu and clipped_relu: 0, leaky_relu: its
+// slope). Their backward can keep one bit per element instead of the output (the activation-mask
+// calls of pointwise_problem.h).
+JAXDNN_HD bool activation_has_mask(Activation a) {
+  return a == Activation::kRelu || a == Activation::kLeakyRelu || a == Activation::kClippedRelu;
+}
+
 // The standard math functions (CUDA's device overloads under nvcc).
 struct StdMath {
   template <class T> static JAXDNN_HD T exp(T x) { using std::exp; return exp(x); }

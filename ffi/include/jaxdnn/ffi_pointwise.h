@@ -5,6 +5,10 @@
 //   jaxdnn_activation_bwd  operands: s, dy     result: dx  one shape, one dtype
 //     attributes: activation: i32 (jaxdnn::Activation)  activation_param: f64
 //                 bwd only: from_output: i32 (0/1)  derivative: i32 (1 or 2)
+//   jaxdnn_activation_mask_fwd  operand: x (rank >= 1)   results: y (x's shape and dtype), bits
+//   jaxdnn_activation_mask_bwd  operands: bits, dy       result: dx (dy's shape and dtype)
+//     bits: uint8, the data's shape with its last dimension L replaced by ceil(L / 8)
+//     attributes: activation: i32 (relu, leaky_relu or clipped_relu)  activation_param: f64
 //   jaxdnn_softmax_fwd     operands: x         result: y   any shape, viewed as [outer, n, inner]
 //   jaxdnn_softmax_bwd     operands: y, v      result: out one shape
 //     attributes: op: i32 (jaxdnn::SoftmaxOp; the forward takes kSoftmax or kLogSoftmax)
@@ -117,6 +121,61 @@ inline ffi::Error decode_activation_call(const ffi::AnyBuffer& s, const ffi::Any
   if (!same_dims(s, out)) return invalid(kWhat, "the result must have the operand's shape");
   c->n = static_cast<int64_t>(s.element_count());
   return ffi::Error::Success();
+}
+
+// Activation mask forward (data = x, out = y) or backward (data = dy, out = dx); `bits` is the
+// mask, a result of the forward and an operand of the backward (pointwise_problem.h).
+inline ffi::Error decode_activation_mask_call(const ffi::AnyBuffer& data,
+                                              const ffi::AnyBuffer& bits,
+                                              const ffi::AnyBuffer& out,
+                                              const ffi::Dictionary& attrs, bool backward,
+                                              ActivationMaskCall* c) {
+  using namespace pointwise_internal;
+  constexpr const char* kWhat = "activation mask";
+  int32_t act = 0;
+  if (auto e = attr(kWhat, attrs, "activation", &act); !e.success()) return e;
+  if (act < 0 || act >= kNumActivations || !activation_has_mask(static_cast<Activation>(act)))
+    return invalid(kWhat, "activation id " + std::to_string(act) +
+                              " has no mask form (relu, leaky_relu or clipped_relu only)");
+  c->activation = static_cast<Activation>(act);
+  if (auto e = attr(kWhat, attrs, "activation_param", &c->param); !e.success()) return e;
+  if (!std::isfinite(c->param)) return invalid(kWhat, "the activation parameter must be finite");
+  if (c->activation == Activation::kClippedRelu && !(c->param > 0))
+    return invalid(kWhat, "clipped_relu's ceiling must be positive");
+  if (c->activation == Activation::kLeakyRelu && c->param < 0)
+    return invalid(kWhat, "leaky_relu's slope must be non-negative");
+  c->backward = backward;
+  if (auto e = common_dtype(kWhat, {&data, &out}, &c->dtype); !e.success()) return e;
+  if (!same_dims(data, out)) return invalid(kWhat, "the result must have the operand's shape");
+  auto dims = data.dimensions();
+  if (dims.size() == 0) return invalid(kWhat, "the operand must have rank >= 1");
+  if (bits.element_type() != ffi::DataType::U8) return invalid(kWhat, "the mask must be uint8");
+  auto mdims = bits.dimensions();
+  bool mask_shape = mdims.size() == dims.size();
+  for (size_t i = 0; mask_shape && i + 1 < dims.size(); ++i) mask_shape = mdims[i] == dims[i];
+  c->row = dims[dims.size() - 1];
+  if (!mask_shape || mdims[mdims.size() - 1] != activation_mask_bytes(c->row))
+    return invalid(kWhat, "the mask must have the data's shape with its last dimension L "
+                          "replaced by ceil(L / 8)");
+  c->rows = c->row == 0 ? 0 : static_cast<int64_t>(data.element_count()) / c->row;
+  return ffi::Error::Success();
+}
+
+// A whole activation-mask handler body: decode, then run(call, data, out, bits) (the backend's
+// kernels; "" or the reason for an error), guarded against exceptions.
+template <typename Run>
+ffi::Error run_activation_mask_call(const ffi::AnyBuffer& data, const ffi::AnyBuffer& bits,
+                                    const ffi::AnyBuffer& out, const ffi::Dictionary& attrs,
+                                    bool backward, Run&& run) {
+  return guard_pointwise("activation mask", [&] {
+    ActivationMaskCall c;
+    if (auto e = decode_activation_mask_call(data, bits, out, attrs, backward, &c); !e.success())
+      return e;
+    const std::string err = run(c, data.untyped_data(), out.untyped_data(),
+                                static_cast<uint8_t*>(bits.untyped_data()));
+    if (!err.empty()) return ffi::Error::InvalidArgument("jaxdnn activation mask: " + err);
+    return ffi::Error::Success();
+  });
 }
 
 // Softmax forward (v == nullptr) or backward (operands y, v).

@@ -20,6 +20,17 @@
 //   kLogSoftmaxJvp  v - sum(v exp(y))                          (JVP of log_softmax)
 // The two log_softmax operations are each other's transpose. Sums accumulate in float32 (float64
 // for float64).
+//
+// Activation masks, for the kinds whose f' is 1 or a constant `lower` (activation_has_mask: relu
+// and clipped_relu with lower 0, leaky_relu with lower = its slope). The operand is viewed as rows
+// of `row` elements (its last axis); each row has ceil(row / 8) mask bytes, and bit k of byte j
+// (least significant first) belongs to element 8j + k of the row (the unused high bits of a row's
+// last byte are 0):
+//   mask forward   y = f(x) and bit = [f'(x) = 1]  (relu x > 0, leaky_relu x >= 0,
+//                                                   clipped_relu 0 < x < ceiling: jax.nn's kinks)
+//   mask backward  dx = bit ? dy : lower * dy      (relu and clipped_relu select: dx = 0 where
+//                                                   the bit is clear, whatever dy is)
+// The backward reads 1/8 byte per element where the output-based one reads a whole element.
 #ifndef JAXDNN_POINTWISE_PROBLEM_H_
 #define JAXDNN_POINTWISE_PROBLEM_H_
 
@@ -38,6 +49,17 @@ struct ActivationCall {
   DType dtype = DType::kF32;
   int64_t n = 0;             // elements
 };
+
+struct ActivationMaskCall {
+  Activation activation = Activation::kRelu;  // activation_has_mask(activation)
+  double param = 0.0;
+  bool backward = false;
+  DType dtype = DType::kF32;  // of x, y, dy, dx (the mask is bytes)
+  int64_t rows = 0, row = 0;  // rows * row elements
+};
+
+// Mask bytes per row of `row` elements.
+inline int64_t activation_mask_bytes(int64_t row) { return (row + 7) / 8; }
 
 enum class SoftmaxOp : int32_t {
   kSoftmax = 0,         // forward: softmax;      backward: y (v - sum(v y))

@@ -25,8 +25,22 @@ How every derivative is formed:
   - B1 and B2 are transposed in v only; s is never a linear operand.
 Kinks follow jax.nn: relu'(0) = 0, leaky_relu'(0) = 1, relu6'(0) = relu6'(6) = 0, elu'(0) = alpha.
 
+Bit masks (relu, leaky_relu, clipped_relu: f' is 1 or a constant `lower`, 0 or the slope):
+  activation_mask    M(x)       = (f(x), bits)      bits: uint8, x's shape with the last axis L
+                                                     packed into ceil(L / 8) bytes (bit k of byte j
+                                                     is element 8j + k), bit = [f'(x) = 1]
+  activation_select  S(bits, v) = where(bit, v, lower * v)     linear in v
+Where the default backend's extension has the mask kernels (the CPU; not yet CUDA), the JVP of A
+for these kinds is (y, S(bits, t)) with (y, bits) = M(x), so reverse mode keeps 1/8 byte per
+element instead of y, and the backward moves 1/8 + 2 elements per element instead of 3 (jax.nn's
+relu keeps a bool mask: 1 + 2 elements). S(bits, .) is diagonal, so its transpose is itself; the
+bits are integer data with no tangent, and S's derivative in v is S: the second derivative is the
+same symbolic zero as B1's for these kinds. The bits follow jax.nn's kinks on the input (x > 0,
+x >= 0, 0 < x < ceiling), which agree with B1's tests on y wherever y is exact.
+
 Batching: A is elementwise (the batch dimension passes through); the two operands of B are
-aligned on one batch dimension (an unbatched one is broadcast), also elementwise.
+aligned on one batch dimension (an unbatched one is broadcast), also elementwise. M and S do the
+same, except that a batch dimension on the last (packed) axis moves to the front first.
 """
 
 from __future__ import annotations
@@ -72,8 +86,17 @@ PIECEWISE_LINEAR = ("identity", "relu", "leaky_relu", "clipped_relu")
 activation_p = jex_core.Primitive("jaxdnn_activation")
 activation_grad_p = jex_core.Primitive("jaxdnn_activation_grad")
 
-FFI_TARGETS = ("jaxdnn_activation_fwd", "jaxdnn_activation_bwd")
-PRIMITIVE_NAMES = (activation_p.name, activation_grad_p.name)
+activation_mask_p = jex_core.Primitive("jaxdnn_activation_mask")
+activation_mask_p.multiple_results = True
+activation_select_p = jex_core.Primitive("jaxdnn_activation_select")
+
+# Kinds with a mask form (activation.h: activation_has_mask).
+MASKED_KINDS = ("relu", "leaky_relu", "clipped_relu")
+MASK_TARGETS = ("jaxdnn_activation_mask_fwd", "jaxdnn_activation_mask_bwd")
+
+FFI_TARGETS = ("jaxdnn_activation_fwd", "jaxdnn_activation_bwd") + MASK_TARGETS
+PRIMITIVE_NAMES = (activation_p.name, activation_grad_p.name, activation_mask_p.name,
+                   activation_select_p.name)
 
 
 def _check_dtype(name, *avals):
@@ -100,12 +123,46 @@ def _grad_abstract_eval(s, v, *, spec, derivative):
   return jax.core.ShapedArray(s.shape, s.dtype)
 
 
+def mask_shape(shape) -> tuple[int, ...]:
+  """The bits' shape for data of `shape` (rank >= 1): the last axis packed 8 to a byte."""
+  return (*shape[:-1], -(-shape[-1] // 8))
+
+
+def _check_masked(name, spec):
+  if spec.kind not in MASKED_KINDS:
+    raise ValueError(f"{name}: {spec.kind} has no mask form ({', '.join(MASKED_KINDS)} only)")
+
+
+def _mask_abstract_eval(x, *, spec):
+  _check_dtype(activation_mask_p.name, x)
+  _check_masked(activation_mask_p.name, spec)
+  if x.ndim == 0:
+    raise ValueError(f"{activation_mask_p.name}: the operand must have rank >= 1")
+  return (jax.core.ShapedArray(x.shape, x.dtype),
+          jax.core.ShapedArray(mask_shape(x.shape), np.uint8))
+
+
+def _select_abstract_eval(bits, v, *, spec):
+  _check_dtype(activation_select_p.name, v)
+  _check_masked(activation_select_p.name, spec)
+  if v.ndim == 0 or bits.dtype != np.uint8 or bits.shape != mask_shape(v.shape):
+    raise ValueError(f"{activation_select_p.name}: the bits must be uint8 of shape "
+                     f"{mask_shape(v.shape) if v.ndim else '(rank >= 1 data)'}, got {bits.dtype} "
+                     f"{bits.shape} for data of shape {v.shape}")
+  return jax.core.ShapedArray(v.shape, v.dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # Binding helpers.
 
 def activation(x, spec: ActivationSpec):
   """f(x)."""
   return activation_p.bind(x, spec=spec)
+
+
+def activation_select(bits, v, spec: ActivationSpec):
+  """where(bit, v, lower * v): the masked kinds' derivative applied to v."""
+  return activation_select_p.bind(bits, v, spec=spec)
 
 
 def activation_grad(s, v, spec: ActivationSpec, derivative: int = 1):
@@ -230,6 +287,28 @@ def _reference_activation_grad(s, v, *, spec, derivative):
   return out.astype(s.dtype)
 
 
+def _reference_mask_bit(spec: ActivationSpec, x):
+  if spec.kind == "relu":
+    return x > 0
+  if spec.kind == "leaky_relu":
+    return x >= 0
+  return (x > 0) & (x < spec.param)  # clipped_relu
+
+
+def _reference_activation_mask(x, *, spec):
+  c = _compute_dtype(x.dtype)
+  bits = jnp.packbits(_reference_mask_bit(spec, x.astype(c)), axis=-1, bitorder="little")
+  return [_reference_activation(x, spec=spec), bits]
+
+
+def _reference_activation_select(bits, v, *, spec):
+  bit = jnp.unpackbits(bits, axis=-1, count=v.shape[-1], bitorder="little").astype(bool)
+  if spec.kind == "leaky_relu":
+    c = _compute_dtype(v.dtype)
+    return jnp.where(bit, v, (spec.param * v.astype(c)).astype(v.dtype))
+  return jnp.where(bit, v, jnp.zeros_like(v))
+
+
 # ---------------------------------------------------------------------------------------------
 # Differentiation.
 
@@ -237,11 +316,24 @@ def _zero_tangent(primal_out):
   return ad.Zero(jax.typeof(primal_out).to_tangent_aval())
 
 
+def _mask_kernels_by_default(platform: str) -> bool:
+  """Whether differentiation keeps bit masks: where the default backend's extension has the mask
+  kernels (the residual is chosen when tracing, before the lowering platform is known; on
+  another platform the mask primitives lower to their jnp form, correct but unfused)."""
+  ext_platform = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(platform)
+  return ext_platform is not None and all(jffi.has_target(ext_platform, t) for t in MASK_TARGETS)
+
+
 def _activation_jvp(primals, tangents, *, spec):
   (x,), (t,) = primals, tangents
-  y = activation(x, spec)
   if type(t) is ad.Zero:
+    y = activation(x, spec)
     return y, _zero_tangent(y)
+  if (spec.kind in MASKED_KINDS and np.ndim(x) >= 1
+      and _mask_kernels_by_default(jax.default_backend())):
+    y, bits = activation_mask_p.bind(x, spec=spec)
+    return y, activation_select(bits, t.astype(x.dtype), spec)
+  y = activation(x, spec)
   return y, activation_grad(y if spec.from_output else x, t, spec, 1)
 
 
@@ -273,7 +365,38 @@ def _grad_transpose(ct, s, v, *, spec, derivative):
   return [None, activation_grad(s, ct, spec, derivative).astype(v.aval.dtype)]
 
 
+def _mask_jvp(primals, tangents, *, spec):
+  # Reached only when M itself is differentiated (e.g. jvp of a jvp): y's tangent through A's
+  # JVP, the bits' tangent none.
+  (x,), (t,) = primals, tangents
+  y, bits = activation_mask_p.bind(x, spec=spec)
+  if type(t) is ad.Zero:
+    dy = _zero_tangent(y)
+  else:
+    dy = activation_select(bits, t.astype(x.dtype), spec)
+  return (y, bits), (dy, _zero_tangent(bits))
+
+
+def _select_jvp(primals, tangents, *, spec):
+  (bits, v), (_, dv) = primals, tangents
+  out = activation_select(bits, v, spec)
+  if type(dv) is ad.Zero:
+    return out, _zero_tangent(out)
+  return out, activation_select(bits, dv.astype(v.dtype), spec)
+
+
+def _select_transpose(ct, bits, v, *, spec):
+  if ad.is_undefined_primal(bits):
+    raise ValueError("jaxdnn activation select: the bits are not a linear operand")
+  if type(ct) is ad.Zero:
+    return [None, ad.Zero(v.aval)]
+  return [None, activation_select(bits, ct.astype(v.aval.dtype), spec)]
+
+
 ad.primitive_jvps[activation_p] = _activation_jvp
+ad.primitive_jvps[activation_mask_p] = _mask_jvp
+ad.primitive_jvps[activation_select_p] = _select_jvp
+ad.primitive_transposes[activation_select_p] = _select_transpose
 ad.primitive_jvps[activation_grad_p] = _grad_jvp
 ad.primitive_transposes[activation_grad_p] = _grad_transpose
 
@@ -296,7 +419,26 @@ def _grad_batch(args, dims, *, spec, derivative):
   return activation_grad_p.bind(s, v, spec=spec, derivative=derivative), 0
 
 
+def _mask_batch(args, dims, *, spec):
+  (x,), (d,) = args, dims
+  if d == x.ndim - 1:  # the batch axis would be packed: move it to the front
+    x, d = jnp.moveaxis(x, d, 0), 0
+  return activation_mask_p.bind(x, spec=spec), [d, d]
+
+
+def _select_batch(args, dims, *, spec):
+  (bits, v), (db, dv) = args, dims
+  if db == dv and db != v.ndim - 1:
+    return activation_select(bits, v, spec), dv
+  size = bits.shape[db] if db is not None else v.shape[dv]
+  bits, v = (jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+             for a, d in ((bits, db), (v, dv)))
+  return activation_select(bits, v, spec), 0
+
+
 batching.primitive_batchers[activation_p] = _activation_batch
+batching.primitive_batchers[activation_mask_p] = _mask_batch
+batching.primitive_batchers[activation_select_p] = _select_batch
 batching.primitive_batchers[activation_grad_p] = _grad_batch
 
 
@@ -319,13 +461,30 @@ def _ffi_activation_grad(s, v, *, spec, derivative):
               from_output=np.int32(spec.from_output), derivative=np.int32(derivative))
 
 
-def lowering(ffi_fn, reference_fn, platform):
-  """Lowering rule for `platform` ("cpu", "cuda", or None: any other platform)."""
+def _ffi_activation_mask(x, *, spec):
+  if x.size == 0:
+    return [jnp.zeros(x.shape, x.dtype), jnp.zeros(mask_shape(x.shape), np.uint8)]
+  call = jax.ffi.ffi_call(MASK_TARGETS[0], (jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                            jax.ShapeDtypeStruct(mask_shape(x.shape), np.uint8)))
+  return list(call(x, activation=np.int32(spec.id), activation_param=np.float64(spec.param)))
+
+
+def _ffi_activation_select(bits, v, *, spec):
+  if v.size == 0:
+    return jnp.zeros(v.shape, v.dtype)
+  call = jax.ffi.ffi_call(MASK_TARGETS[1], jax.ShapeDtypeStruct(v.shape, v.dtype))
+  return call(bits, v, activation=np.int32(spec.id), activation_param=np.float64(spec.param))
+
+
+def lowering(ffi_fn, reference_fn, platform, target=None, multiple_results=False):
+  """Lowering rule for `platform` ("cpu", "cuda", or None: any other platform); with `target`,
+  the FFI kernels only where the platform's extension registers that target."""
   def impl(*args, **params):
-    if reference.reference_enabled() or platform is None or jffi.extension(platform) is None:
+    if (reference.reference_enabled() or platform is None or jffi.extension(platform) is None
+        or (target is not None and not jffi.has_target(platform, target))):
       return reference_fn(*args, **params)
     return ffi_fn(*args, **params)
-  return mlir.lower_fun(impl, multiple_results=False)
+  return mlir.lower_fun(impl, multiple_results=multiple_results)
 
 
 @functools.lru_cache(maxsize=None)
@@ -338,13 +497,21 @@ def eager_impl(prim, *args, **params):
   return _jitted(prim, tuple(sorted(params.items())))(*args)
 
 
+# primitive: (abstract eval, FFI lowering, reference lowering, FFI target that must be registered)
 _RULES = {
-    activation_p: (_activation_abstract_eval, _ffi_activation, _reference_activation),
-    activation_grad_p: (_grad_abstract_eval, _ffi_activation_grad, _reference_activation_grad),
+    activation_p: (_activation_abstract_eval, _ffi_activation, _reference_activation, None),
+    activation_grad_p: (_grad_abstract_eval, _ffi_activation_grad, _reference_activation_grad,
+                        None),
+    activation_mask_p: (_mask_abstract_eval, _ffi_activation_mask, _reference_activation_mask,
+                        MASK_TARGETS[0]),
+    activation_select_p: (_select_abstract_eval, _ffi_activation_select,
+                          _reference_activation_select, MASK_TARGETS[1]),
 }
-for _prim, (_abstract, _ffi_fn, _ref_fn) in _RULES.items():
+for _prim, (_abstract, _ffi_fn, _ref_fn, _target) in _RULES.items():
   _prim.def_impl(functools.partial(eager_impl, _prim))
   _prim.def_abstract_eval(_abstract)
+  _multi = _prim.multiple_results
   for _platform in ("cpu", "cuda"):
-    mlir.register_lowering(_prim, lowering(_ffi_fn, _ref_fn, _platform), platform=_platform)
-  mlir.register_lowering(_prim, lowering(_ffi_fn, _ref_fn, None))
+    mlir.register_lowering(_prim, lowering(_ffi_fn, _ref_fn, _platform, _target, _multi),
+                           platform=_platform)
+  mlir.register_lowering(_prim, lowering(_ffi_fn, _ref_fn, None, None, _multi))
