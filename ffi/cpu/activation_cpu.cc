@@ -312,28 +312,18 @@ std::string run_activation(const ActivationCall& c, const void* s, const void* d
   if (c.derivative < 0 || c.derivative > 2) return "derivative must be 0, 1 or 2";
   if (c.derivative > 0 && dy == nullptr) return "the backward needs dy";
   if (c.n == 0) return "";
-  switch (c.dtype) {
-    case DType::kF32: dispatch_op<float>(c, s, dy, out); break;
-    case DType::kF64: dispatch_op<double>(c, s, dy, out); break;
-    case DType::kBF16: dispatch_op<BF16>(c, s, dy, out); break;
-    case DType::kF16: dispatch_op<F16>(c, s, dy, out); break;
-    default: return "unsupported dtype";
-  }
-  return "";
+  const bool known = f16::with_storage_type(
+      c.dtype, [&](auto storage) { dispatch_op<decltype(storage)>(c, s, dy, out); });
+  return known ? "" : "unsupported dtype";
 }
 
 std::string run_activation_mask(const ActivationMaskCall& c, const void* data, void* out,
                                 uint8_t* bits) {
   if (!activation_has_mask(c.activation)) return "this activation has no mask form";
   if (c.rows == 0 || c.row == 0) return "";
-  switch (c.dtype) {
-    case DType::kF32: run_mask_kind<float>(c, data, out, bits); break;
-    case DType::kF64: run_mask_kind<double>(c, data, out, bits); break;
-    case DType::kBF16: run_mask_kind<BF16>(c, data, out, bits); break;
-    case DType::kF16: run_mask_kind<F16>(c, data, out, bits); break;
-    default: return "unsupported dtype";
-  }
-  return "";
+  const bool known = f16::with_storage_type(
+      c.dtype, [&](auto storage) { run_mask_kind<decltype(storage)>(c, data, out, bits); });
+  return known ? "" : "unsupported dtype";
 }
 
 }  // namespace jaxdnn::cpu

@@ -14,10 +14,18 @@
 #include <immintrin.h>
 #endif
 
+#include "jaxdnn/conv_problem.h"  // DType
+
 namespace jaxdnn::cpu::f16 {
 
 struct BF16 { uint16_t bits; };
 struct F16 { uint16_t bits; };
+
+// Calls fn(S()) with the storage type S of `dtype` (float, double, BF16 or F16): the one place
+// where the kernels' entry points turn a runtime dtype into a template argument. False for any
+// other dtype.
+template <typename Fn>
+bool with_storage_type(DType dtype, Fn&& fn);
 
 // The arithmetic type of a storage type.
 template <typename S>
@@ -80,6 +88,17 @@ template <> inline F16 store<F16>(float v) {
   const uint32_t r = mag + 0xfffu + ((mag >> 13) & 1u);  // round to nearest even
   return F16{static_cast<uint16_t>(sign | (((r >> 13) - (112u << 10)) & 0xffffu))};
 #endif
+}
+
+template <typename Fn>
+bool with_storage_type(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32: fn(float()); return true;
+    case DType::kF64: fn(double()); return true;
+    case DType::kBF16: fn(BF16()); return true;
+    case DType::kF16: fn(F16()); return true;
+  }
+  return false;
 }
 
 }  // namespace jaxdnn::cpu::f16

@@ -1118,13 +1118,10 @@ std::string run_pool(PoolOp op, const PoolProblem& p, DType dtype, const void* a
   if (workspace_size < pool_workspace_bytes(op, p)) return "workspace buffer is too small";
   if (p.window_elems() > std::numeric_limits<int32_t>::max())
     return "the window has more than 2^31 elements";
-  switch (dtype) {
-    case DType::kF32: PoolKernels<float>::run(op, p, a, b, out, workspace); break;
-    case DType::kF64: PoolKernels<double>::run(op, p, a, b, out, workspace); break;
-    case DType::kBF16: PoolKernels<BF16>::run(op, p, a, b, out, workspace); break;
-    case DType::kF16: PoolKernels<F16>::run(op, p, a, b, out, workspace); break;
-  }
-  return "";
+  const bool known = f16::with_storage_type(dtype, [&](auto storage) {
+    PoolKernels<decltype(storage)>::run(op, p, a, b, out, workspace);
+  });
+  return known ? "" : "unsupported dtype";
 }
 
 }  // namespace jaxdnn::cpu

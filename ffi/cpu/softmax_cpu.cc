@@ -434,14 +434,9 @@ std::string run_softmax(const SoftmaxCall& c, const void* x, const void* v, void
   if (c.backward && v == nullptr) return "the backward needs a second operand";
   if (!c.backward && c.op == SoftmaxOp::kLogSoftmaxJvp) return "not a forward operation";
   if (c.outer == 0 || c.n == 0 || c.inner == 0) return "";
-  switch (c.dtype) {
-    case DType::kF32: run_typed<float>(c, x, v, out); break;
-    case DType::kF64: run_typed<double>(c, x, v, out); break;
-    case DType::kBF16: run_typed<BF16>(c, x, v, out); break;
-    case DType::kF16: run_typed<F16>(c, x, v, out); break;
-    default: return "unsupported dtype";
-  }
-  return "";
+  const bool known = f16::with_storage_type(
+      c.dtype, [&](auto storage) { run_typed<decltype(storage)>(c, x, v, out); });
+  return known ? "" : "unsupported dtype";
 }
 
 }  // namespace jaxdnn::cpu
