@@ -244,6 +244,12 @@ void mask_span(const S* in, S* out, uint8_t* bits, int64_t n, double param, bool
     }
   } else {
     // 16-bit storage: float32 blocks (kBlock is a multiple of 8, so each starts a mask byte).
+    // Selected elements, 0 and (forward) the inputs are exact; leaky_relu's products and a
+    // clipped_relu ceiling that the storage type cannot hold round.
+    bool exact = kA == Activation::kRelu || (backward && kA == Activation::kClippedRelu);
+    if constexpr (kA == Activation::kClippedRelu) {
+      if (!backward) exact = f16::load(f16::store<S>(p)) == p;
+    }
     alignas(64) float ib[kBlock], ob[kBlock];
     for (int64_t b = 0; b < n; b += kBlock) {
       const int64_t m = std::min(kBlock, n - b);
@@ -253,12 +259,6 @@ void mask_span(const S* in, S* out, uint8_t* bits, int64_t n, double param, bool
       } else {
         compute<Op::kForward, kA, float>(ib, nullptr, ob, m, p);
         pack_mask<kA, float>(ib, m, p, bits + b / 8);
-      }
-      // Selected elements, 0 and (forward) the inputs are exact; leaky_relu's products and a
-      // clipped_relu ceiling that the storage type cannot hold round.
-      bool exact = kA == Activation::kRelu || (backward && kA == Activation::kClippedRelu);
-      if constexpr (kA == Activation::kClippedRelu) {
-        if (!backward) exact = f16::load(f16::store<S>(p)) == p;
       }
       if (exact)
         f16::from_float_exact(ob, out + b, m);
