@@ -608,6 +608,13 @@ __global__ void __launch_bounds__(kDwsThreads, (S == 7 && sizeof(T) == 4) ? 1 : 
   const int C = a.C;
   const i64 total = (i64)a.N * a.dd[0] * a.dd[1] * a.nstrips;
   const bool small = total < (i64(1) << 31);
+  // Epilogue operands loaded ahead, raw (epilogue.cuh): the thread's V biases, the same at every
+  // pixel it stores, once; a strip's residuals before its first store. Only where the registers
+  // allow (ptxas, sm_90a: the 16-bit 7-wide kernels spill with either, f32 with the residuals).
+  constexpr bool kBiasOnce = !(S == 7 && sizeof(T) == 2);
+  constexpr bool kResidualsAhead = sizeof(T) == 2 && S != 7;
+  const bool bias_raw = kBiasOnce && a.epi.on && a.epi.bias && epi_raw16_ok<V>(a.epi, c0);
+  const uint4 braw = bias_raw ? epi_raw16_load<V>(a.epi.bias, c0) : make_uint4(0u, 0u, 0u, 0u);
   for (i64 sidx = (i64)blockIdx.x * a.lanes + lane; sidx < total;
        sidx += (i64)gridDim.x * a.lanes) {
     int n, z, p, ws;
@@ -689,15 +696,28 @@ __global__ void __launch_bounds__(kDwsThreads, (S == 7 && sizeof(T) == 4) ? 1 : 
       }
     }
     const i64 obase = ((((i64)n * a.dd[0] + z) * a.dd[1] + p) * a.dd[2] + q0) * C + c0;
+    const bool res_raw =
+        kResidualsAhead && a.epi.on && a.epi.residual && epi_raw16_ok<V>(a.epi, obase);
+    uint4 rraw[TW];
+    if (res_raw) {
+#pragma unroll
+      for (int i = 0; i < TW; ++i)
+        if (q0 + i < a.dd[2]) rraw[i] = epi_raw16_load<V>(a.epi.residual, obase + (i64)i * C);
+    }
 #pragma unroll
     for (int i = 0; i < TW; ++i) {
       if (q0 + i < a.dd[2]) {
         if (a.epi.on) {
-          // biases per pixel (L1 hits): kept across the TW pixels they pushed the 5x5/7x7
-          // kernels past the 128-register bound into spills
           float bias[V];
-          epi_bias_run<V>(a.epi, c0, V, bias);
-          epi_apply_run<V>(a.epi, obase + (i64)i * C, bias, acc[i]);
+          if (bias_raw) epi_raw16_unpack<V>(a.epi, braw, bias);
+          else epi_bias_run<V>(a.epi, c0, V, bias);
+          if (res_raw) {
+            float res[V];
+            epi_raw16_unpack<V>(a.epi, rraw[i], res);
+            epi_apply_run_loaded<V>(a.epi, obase + (i64)i * C, bias, res, acc[i]);
+          } else {
+            epi_apply_run<V>(a.epi, obase + (i64)i * C, bias, acc[i]);
+          }
         }
         store_vec<V>(out_ptr<T>(dst, obase + (i64)i * C, a.out_f32), acc[i], a.out_f32);
       }

@@ -87,6 +87,19 @@ template <> __device__ __forceinline__ double param_of<double>(const EpiDev& e) 
 
 // n (2, 4 or 8) 16-bit values (dt 2 = bf16, 3 = f16) at p + i, i % n == 0 and p 16-byte aligned:
 // one 4-, 8- or 16-byte access.
+// n 16-bit values (dt 2 = bf16, 3 = f16) packed in n / 2 words to floats.
+template <int n>
+__device__ __forceinline__ void unpack16v(const uint32_t* w, int dt, float* f) {
+#pragma unroll
+  for (int j = 0; j < n / 2; ++j) {
+    if (dt == 2) {
+      f[2 * j] = __uint_as_float(w[j] << 16), f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    } else {
+      const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+      f[2 * j] = h.x, f[2 * j + 1] = h.y;
+    }
+  }
+}
 template <int n>
 __device__ __forceinline__ void load16v(const void* p, long long i, int dt, float* f) {
   static_assert(n == 2 || n == 4 || n == 8, "16-bit vector width");
@@ -101,15 +114,7 @@ __device__ __forceinline__ void load16v(const void* p, long long i, int dt, floa
   } else {
     w[0] = *reinterpret_cast<const uint32_t*>(s);
   }
-#pragma unroll
-  for (int j = 0; j < n / 2; ++j) {
-    if (dt == 2) {
-      f[2 * j] = __uint_as_float(w[j] << 16), f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    } else {
-      const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-      f[2 * j] = h.x, f[2 * j + 1] = h.y;
-    }
-  }
+  unpack16v<n>(w, dt, f);
 }
 template <int n>
 __device__ __forceinline__ void store16v(void* p, long long i, int dt, const float* f) {
@@ -200,6 +205,52 @@ __device__ __forceinline__ void epi_bias_run(const EpiDev& e, long long k, int c
     if (q < cnt) b[q] = epi_detail::load<float>(e.bias, k + q, e.dtype);
 }
 
+// Operands held raw. A kernel whose thread stores n consecutive channels (or values) that make
+// one aligned 16-byte vector of the output dtype (n = 8 16-bit or 4 f32 values, index % n == 0,
+// pointers 16-byte aligned: epi_raw16_ok) can load its biases, or the residuals of several
+// pixels, as 16-byte words (four registers each) before it stores anything, and unpack them
+// where it needs them. Issued one pixel at a time, each such load would wait for the previous
+// pixel's store, which may alias it as far as the compiler knows.
+template <int n>
+__device__ __forceinline__ bool epi_raw16_ok(const EpiDev& e, long long index) {
+  const bool fits = (n == 8 && (e.dtype == 2 || e.dtype == 3)) || (n == 4 && e.dtype == 0);
+  return fits && e.aligned16 && index % n == 0;
+}
+// The 16 bytes of values index .. index + n - 1 of p (epi_raw16_ok).
+template <int n>
+__device__ __forceinline__ uint4 epi_raw16_load(const void* p, long long index) {
+  return __ldg(reinterpret_cast<const uint4*>(p) + index / n);
+}
+template <int n>
+__device__ __forceinline__ void epi_raw16_unpack(const EpiDev& e, const uint4& u, float* f) {
+  if constexpr (n == 4) {
+    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+  } else {
+    static_assert(n == 8, "16 bytes of 16-bit values");
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    epi_detail::unpack16v<8>(w, e.dtype, f);
+  }
+}
+
+namespace epi_detail {
+// preact (when asked) and the activation of a run whose bias and residual are added.
+template <int n>
+__device__ __forceinline__ void finish_run(const EpiDev& e, long long i, float* v, int cnt,
+                                           bool vec) {
+  if (e.preact) {
+    if (vec) {
+      store16v<n>(e.preact, i, e.dtype, v);
+    } else {
+#pragma unroll
+      for (int q = 0; q < n; ++q)
+        if (q < cnt) store<float>(e.preact, i + q, e.dtype, v[q]);
+    }
+  }
+  act_run<n, float>(e, v);  // also on v[q >= cnt]: harmless, never stored
+}
+}  // namespace epi_detail
+
 // The epilogue of cnt <= n consecutive values of one row (flat indices i + q, channels k + q:
 // NHWC, or any layout with unit channel stride), float accumulators, biases b from epi_bias_run.
 // v[q] for q >= cnt is left alone. 16-bit residual/preact of a full run with i % n == 0 take one
@@ -226,16 +277,23 @@ __device__ __forceinline__ void epi_apply_run(const EpiDev& e, long long i, cons
         if (q < cnt) v[q] += epi_detail::load<float>(e.residual, i + q, e.dtype);
     }
   }
-  if (e.preact) {
-    if (vec) {
-      epi_detail::store16v<n>(e.preact, i, e.dtype, v);
-    } else {
+  epi_detail::finish_run<n>(e, i, v, cnt, vec);
+}
+
+// The same for a full run (cnt = n, epi_raw16_ok at i) whose residuals r were loaded ahead
+// (epi_raw16_load / epi_raw16_unpack; ignored without a residual).
+template <int n>
+__device__ __forceinline__ void epi_apply_run_loaded(const EpiDev& e, long long i, const float* b,
+                                                     const float* r, float* v) {
+  if (e.bias) {
 #pragma unroll
-      for (int q = 0; q < n; ++q)
-        if (q < cnt) epi_detail::store<float>(e.preact, i + q, e.dtype, v[q]);
-    }
+    for (int q = 0; q < n; ++q) v[q] += b[q];
   }
-  epi_detail::act_run<n, float>(e, v);  // also on v[q >= cnt]: harmless, never stored
+  if (e.residual) {
+#pragma unroll
+    for (int q = 0; q < n; ++q) v[q] += r[q];
+  }
+  epi_detail::finish_run<n>(e, i, v, n, n == 8);
 }
 
 // y = act(0 + bias + residual) for a convolution with an empty reduction (no input channels or

@@ -21,6 +21,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(AvgPoolBackward);
 // Activations and softmax (pointwise_handlers.cu).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ActivationForward);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ActivationBackward);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ActivationMaskForward);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ActivationMaskBackward);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(SoftmaxForward);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(SoftmaxBackward);
 }  // namespace jaxdnn::cuda

@@ -55,6 +55,8 @@ NB_MODULE(_jaxdnn_cuda, m) {
     d["jaxdnn_avg_pool_bwd"] = ffi_capsule(cuda::AvgPoolBackward);
     d["jaxdnn_activation_fwd"] = ffi_capsule(cuda::ActivationForward);
     d["jaxdnn_activation_bwd"] = ffi_capsule(cuda::ActivationBackward);
+    d["jaxdnn_activation_mask_fwd"] = ffi_capsule(cuda::ActivationMaskForward);
+    d["jaxdnn_activation_mask_bwd"] = ffi_capsule(cuda::ActivationMaskBackward);
     d["jaxdnn_softmax_fwd"] = ffi_capsule(cuda::SoftmaxForward);
     d["jaxdnn_softmax_bwd"] = ffi_capsule(cuda::SoftmaxBackward);
     return d;

@@ -727,6 +727,132 @@ std::string softmax_typed(const SoftmaxCall& c, const void* xv, const void* vv, 
   return check_launch("jaxdnn softmax kernel launch");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Activation masks (pointwise_problem.h): relu, leaky_relu and clipped_relu keep one bit per
+// element, [f'(x) = 1], packed along rows of `row` elements (ceil(row / 8) bytes per row). A
+// thread takes one mask byte (8 elements) at a time in a grid-stride loop. kVec: rows of a
+// multiple of 8 elements and 16-byte-aligned buffers, so byte j covers elements [8j, 8j + 8),
+// loaded and stored as 16-byte vectors (one for 16-bit types, two for f32, four for f64; a warp
+// reads consecutive 16-byte words and writes 32 consecutive mask bytes); otherwise the row
+// arithmetic and scalar accesses.
+
+template <Activation kA, typename C>
+__device__ __forceinline__ bool mask_bit(C x, C p) {
+  if constexpr (kA == Activation::kRelu) return x > C(0);
+  if constexpr (kA == Activation::kLeakyRelu) return x >= C(0);
+  return x > C(0) && x < p;  // kClippedRelu
+}
+
+// dx for one element: relu and clipped_relu select (0 where the bit is clear, whatever dy is).
+template <Activation kA, typename C>
+__device__ __forceinline__ C mask_select(bool bit, C d, C p) {
+  if constexpr (kA == Activation::kLeakyRelu) return bit ? d : p * d;
+  return bit ? d : C(0);
+}
+
+constexpr int kMaskThreads = 256;
+
+template <typename S, Activation kA, bool kBackward, bool kVec>
+__global__ void __launch_bounds__(kMaskThreads)
+    activation_mask_kernel(const S* __restrict__ in, S* __restrict__ out,
+                           uint8_t* __restrict__ bits, i64 nbytes, i64 row, i64 bytes_per_row,
+                           double param) {
+  using C = typename Elem<S>::C;
+  constexpr int kWords = 8 * sizeof(S) / 16;  // 16-byte words per 8 elements (kVec)
+  const C p = static_cast<C>(param);
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; j < nbytes; j += stride) {
+    if constexpr (kVec) {
+      uint4 a[kWords], r[kWords];
+      const uint4* src = reinterpret_cast<const uint4*>(in) + j * kWords;
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) a[w] = __ldg(src + w);
+      const S* ae = reinterpret_cast<const S*>(a);
+      S* re = reinterpret_cast<S*>(r);
+      unsigned byte = 0;
+      if constexpr (kBackward) byte = bits[j];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const C v = to_c(ae[k]);
+        if constexpr (kBackward) {
+          re[k] = from_c<S>(mask_select<kA, C>((byte >> k) & 1u, v, p));
+        } else {
+          re[k] = from_c<S>(apply<Op::kForward, kA, C, MathFor<S>>(v, C(0), p));
+          byte |= unsigned(mask_bit<kA, C>(v, p)) << k;
+        }
+      }
+      uint4* dst = reinterpret_cast<uint4*>(out) + j * kWords;
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) dst[w] = r[w];
+      if constexpr (!kBackward) bits[j] = static_cast<uint8_t>(byte);
+    } else {
+      const i64 r = j / bytes_per_row;
+      const i64 c0 = (j - r * bytes_per_row) * 8;
+      const i64 e0 = r * row + c0;
+      const int count = static_cast<int>(min(i64{8}, row - c0));
+      unsigned byte = 0;
+      if constexpr (kBackward) byte = bits[j];
+      for (int k = 0; k < count; ++k) {
+        const C v = to_c(in[e0 + k]);
+        if constexpr (kBackward) {
+          out[e0 + k] = from_c<S>(mask_select<kA, C>((byte >> k) & 1u, v, p));
+        } else {
+          out[e0 + k] = from_c<S>(apply<Op::kForward, kA, C, MathFor<S>>(v, C(0), p));
+          byte |= unsigned(mask_bit<kA, C>(v, p)) << k;
+        }
+      }
+      if constexpr (!kBackward) bits[j] = static_cast<uint8_t>(byte);
+    }
+  }
+}
+
+template <typename S, Activation kA, bool kBackward>
+std::string launch_activation_mask(const ActivationMaskCall& c, const void* in, void* out,
+                                   uint8_t* bits, cudaStream_t stream) {
+  const i64 bytes_per_row = activation_mask_bytes(c.row);
+  const i64 nbytes = c.rows * bytes_per_row;
+  const bool vec = c.row % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  // Enough resident threads to keep HBM busy; each loops over the rest.
+  const i64 full = std::max<i64>(1, static_cast<i64>(sm_count()) * (2048 / kMaskThreads));
+  const i64 blocks = std::max<i64>(1, std::min<i64>((nbytes + kMaskThreads - 1) / kMaskThreads,
+                                                   full));
+  const S* src = static_cast<const S*>(in);
+  S* dst = static_cast<S*>(out);
+  if (vec)
+    activation_mask_kernel<S, kA, kBackward, true>
+        <<<static_cast<unsigned>(blocks), kMaskThreads, 0, stream>>>(
+            src, dst, bits, nbytes, c.row, bytes_per_row, c.param);
+  else
+    activation_mask_kernel<S, kA, kBackward, false>
+        <<<static_cast<unsigned>(blocks), kMaskThreads, 0, stream>>>(
+            src, dst, bits, nbytes, c.row, bytes_per_row, c.param);
+  return check_launch("jaxdnn activation mask kernel launch");
+}
+
+template <typename S, bool kBackward>
+std::string dispatch_mask_kind(const ActivationMaskCall& c, const void* in, void* out,
+                               uint8_t* bits, cudaStream_t stream) {
+  switch (c.activation) {
+    case Activation::kRelu:
+      return launch_activation_mask<S, Activation::kRelu, kBackward>(c, in, out, bits, stream);
+    case Activation::kLeakyRelu:
+      return launch_activation_mask<S, Activation::kLeakyRelu, kBackward>(c, in, out, bits,
+                                                                         stream);
+    case Activation::kClippedRelu:
+      return launch_activation_mask<S, Activation::kClippedRelu, kBackward>(c, in, out, bits,
+                                                                           stream);
+    default: return "this activation has no mask form";
+  }
+}
+
+template <typename S>
+std::string dispatch_mask(const ActivationMaskCall& c, const void* in, void* out, uint8_t* bits,
+                          cudaStream_t stream) {
+  return c.backward ? dispatch_mask_kind<S, true>(c, in, out, bits, stream)
+                    : dispatch_mask_kind<S, false>(c, in, out, bits, stream);
+}
+
 }  // namespace
 
 std::string run_activation(const ActivationCall& c, const void* s, const void* dy, void* out,
@@ -753,6 +879,18 @@ std::string run_softmax(const SoftmaxCall& c, const void* x, const void* v, void
     case DType::kF64: return softmax_typed<double>(c, x, v, out, stream);
     case DType::kBF16: return softmax_typed<__nv_bfloat16>(c, x, v, out, stream);
     case DType::kF16: return softmax_typed<__half>(c, x, v, out, stream);
+  }
+  return "unsupported dtype";
+}
+
+std::string run_activation_mask(const ActivationMaskCall& c, const void* data, void* out,
+                                uint8_t* bits, cudaStream_t stream) {
+  if (c.rows == 0 || c.row == 0) return "";
+  switch (c.dtype) {
+    case DType::kF32: return dispatch_mask<float>(c, data, out, bits, stream);
+    case DType::kF64: return dispatch_mask<double>(c, data, out, bits, stream);
+    case DType::kBF16: return dispatch_mask<__nv_bfloat16>(c, data, out, bits, stream);
+    case DType::kF16: return dispatch_mask<__half>(c, data, out, bits, stream);
   }
   return "unsupported dtype";
 }

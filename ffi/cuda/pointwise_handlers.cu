@@ -50,6 +50,25 @@ ffi::Error activation_bwd_impl(cudaStream_t stream, ffi::AnyBuffer s, ffi::AnyBu
   return guard_pointwise("activation", [&] { return activation_call(stream, s, &dy, dx, attrs); });
 }
 
+ffi::Error activation_mask_fwd_impl(cudaStream_t stream, ffi::AnyBuffer x,
+                                    ffi::Result<ffi::AnyBuffer> y,
+                                    ffi::Result<ffi::AnyBuffer> bits, ffi::Dictionary attrs) {
+  return run_activation_mask_call(
+      x, *bits, *y, attrs, false,
+      [&](const ActivationMaskCall& c, const void* data, void* out, uint8_t* mask) {
+        return cuda::run_activation_mask(c, data, out, mask, stream);
+      });
+}
+
+ffi::Error activation_mask_bwd_impl(cudaStream_t stream, ffi::AnyBuffer bits, ffi::AnyBuffer dy,
+                                    ffi::Result<ffi::AnyBuffer> dx, ffi::Dictionary attrs) {
+  return run_activation_mask_call(
+      dy, bits, *dx, attrs, true,
+      [&](const ActivationMaskCall& c, const void* data, void* out, uint8_t* mask) {
+        return cuda::run_activation_mask(c, data, out, mask, stream);
+      });
+}
+
 ffi::Error softmax_fwd_impl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             ffi::Dictionary attrs) {
   return guard_pointwise("softmax", [&] { return softmax_call(stream, x, nullptr, y, attrs); });
@@ -68,6 +87,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationForward, activation_fwd_impl,
                               bind_unary_pointwise_call(stream_binding()),
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationBackward, activation_bwd_impl,
+                              bind_binary_pointwise_call(stream_binding()),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationMaskForward, activation_mask_fwd_impl,
+                              stream_binding()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attrs<ffi::Dictionary>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivationMaskBackward, activation_mask_bwd_impl,
                               bind_binary_pointwise_call(stream_binding()),
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SoftmaxForward, softmax_fwd_impl,

@@ -41,6 +41,9 @@
 //                backward in two passes (each window's arg-max tap into the workspace, then
 //                each 2 x 2 input cell gathers dy from the 4 windows that cover it); avg
 //                backward per cell (no input loads).
+//   rowvec       3x3 stride-2 forward of one-channel images (channels-first) with rows of whole
+//                16-byte vectors: thread = 2 output rows x half a vector of output columns, from
+//                5 row vectors and the column left of each.
 //   global_avg_bwd  avg backward of one window covering the input: 16-byte stores of
 //                dy * (1 / divisor) whatever the layout.
 //   cell_avg     avg forward / backward when 2x2 windows partition the input (2x2 stride 2,
@@ -1790,6 +1793,102 @@ __global__ void __launch_bounds__(kBlock, JAXDNN_QUAD_MINB)
 }
 
 // ---------------------------------------------------------------------------------------------
+// 3 x 3 windows at stride 2 (dilation 1, low padding 1 along the width) over one-channel images
+// (channels-first layouts) whose rows are whole 16-byte vectors of E = 16 / sizeof(T) elements,
+// forward: thread = 2 output rows x E / 2 output columns. Output column (E / 2) j + q reads input
+// columns E j + 2q - 1 .. E j + 2q + 1: the row's vector j and the column to its left, so a
+// warp's loads of an input row are 512 contiguous bytes (the quads' one-channel form reads 2-byte
+// values 4 columns apart per lane: 8 sectors per warp load, each a quarter used). The 2 output
+// rows read 5 input rows. Same arithmetic and window order as the quads (max: max_step from
+// -inf over the in-bounds taps; avg: window-order sum / divisor).
+struct RowVec {
+  FastDiv fj, frp;  // column groups per output row, output row pairs per plane
+};
+
+template <typename T, bool kMax>
+__global__ void __launch_bounds__(kBlock) rowvec_fwd_kernel(Geo g, RowVec rv,
+                                                            const T* __restrict__ x,
+                                                            T* __restrict__ y, uint32_t items) {
+  using A = typename AccOf<T>::type;
+  constexpr int E = 16 / sizeof(T), Q = E / 2;
+  const uint32_t t = blockIdx.x * kBlock + threadIdx.x;
+  if (t >= items) return;
+  const uint32_t row_pair = rv.fj.div(t), plane = rv.frp.div(row_pair);
+  const int j = static_cast<int>(t - row_pair * rv.fj.d);
+  const int oh0 = 2 * static_cast<int>(row_pair - plane * rv.frp.d), ow0 = Q * j, c0 = E * j;
+  const T* xp = x + static_cast<i64>(plane) * g.in[1] * g.in[2];
+  T* yp = y + static_cast<i64>(plane) * g.out[1] * g.out[2];
+  const bool vh[2] = {oh0 < g.out[1], oh0 + 1 < g.out[1]};
+  A acc[2][Q];
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int q = 0; q < Q; ++q) acc[a][q] = kMax ? neg_inf<A>() : A(0);
+  const int r0 = 2 * oh0 - g.pad[1];  // input row of tap row 0 of output row oh0
+  // Every row's loads before the first sum (5 x 16 bytes + 5 single elements in flight).
+  Raw<16>::type raw[5];
+  T left[5];
+  bool rok[5];
+#pragma unroll
+  for (int r = 0; r < 5; ++r) {
+    const int ir = r0 + r;
+    rok[r] = ((r <= 2 && vh[0]) || (r >= 2 && vh[1])) && ir >= 0 && ir < g.in[1];
+    if (rok[r]) {
+      const T* row = xp + static_cast<i64>(ir) * g.in[2] + c0;
+      raw[r] = ldg_raw(reinterpret_cast<const Raw<16>::type*>(row));
+      if (c0 > 0) left[r] = row[-1];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 5; ++r) {
+    if (!rok[r]) continue;
+    A v[E + 1];  // input columns c0 - 1 .. c0 + E - 1
+    T e[E];
+    memcpy(e, &raw[r], sizeof(e));
+    v[0] = c0 > 0 ? to_acc(left[r]) : A(0);
+#pragma unroll
+    for (int i = 0; i < E; ++i) v[i + 1] = to_acc(e[i]);
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+      const int kr = r - 2 * a;
+      if (kr < 0 || kr > 2 || !vh[a]) continue;
+#pragma unroll
+      for (int q = 0; q < Q; ++q)
+#pragma unroll
+        for (int kc = 0; kc < 3; ++kc) {
+          if (kc == 0 && q == 0 && c0 == 0) continue;  // column -1: padding, skipped
+          const A tap = v[2 * q + kc];
+          acc[a][q] = kMax ? max_step(acc[a][q], tap) : acc[a][q] + tap;
+        }
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+    if (!vh[a]) continue;
+    const int oh = oh0 + a;
+    T out[Q];
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      A r = acc[a][q];
+      // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
+      if (!kMax) r = r / static_cast<A>(quad_divisor(g, 0, oh, ow0 + q));
+      out[q] = from_acc<T>(r);
+    }
+    T* dst = yp + static_cast<i64>(oh) * g.out[2] + ow0;
+    if (ow0 + Q <= g.out[2] && reinterpret_cast<uintptr_t>(dst) % (Q * sizeof(T)) == 0) {
+      using W = typename Raw<Q * sizeof(T)>::type;
+      W w;
+      memcpy(&w, out, sizeof(w));
+      *reinterpret_cast<W*>(dst) = w;
+    } else {
+#pragma unroll
+      for (int q = 0; q < Q; ++q)
+        if (ow0 + q < g.out[2]) dst[q] = out[q];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Host side.
 
 std::string launched(const char* what) {
@@ -1876,6 +1975,15 @@ bool quads_off() {
   return value;
 }
 
+// JAXDNN_POOL_ROWVEC=0 (read once) turns rowvec_fwd_kernel off (the one-channel quads run).
+bool rowvec_off() {
+  static const bool value = [] {
+    const char* v = std::getenv("JAXDNN_POOL_ROWVEC");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  return value;
+}
+
 // JAXDNN_POOL_CHAN: unset: the channel tiles where they apply; "0": never (the older kernels);
 // "TH,TW,CB": those tile sizes (outputs down, across, channel vectors; for sweeps).
 struct ChanOverride {
@@ -1917,6 +2025,18 @@ struct Launcher {
       while (S < 32 && (taps + S - 1) / S > kBatch && items * S < 2 * kFillThreads) S *= 2;
     }
     const bool lanes = one_channel && S > 1;
+    if constexpr (V == 1 && sizeof(T) <= 4) {
+      RowVec rv;
+      i64 n;
+      if (S == 1 && rowvec(x, &rv, &n)) {
+        const uint32_t items32 = static_cast<uint32_t>(n);
+        if (is_max) rowvec_fwd_kernel<T, true><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
+            g, rv, x, y, items32);
+        else rowvec_fwd_kernel<T, false><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
+            g, rv, x, y, items32);
+        return launched(is_max ? "max pool forward (row vectors)" : "avg pool forward (row vectors)");
+      }
+    }
     Quads qd;
     if (S == 1 && quads(false, &qd)) {
       const i64 n = quad_items(qd);
@@ -2089,6 +2209,26 @@ struct Launcher {
   }
   i64 quad_items(const Quads& qd) const {
     return p.N * p.in[0] * static_cast<i64>(qd.fqh.d) * qd.fqw.d * (p.C / V);
+  }
+
+  // rowvec_fwd_kernel: one-channel images (depth folds into them), 3 x 3 windows at stride 2,
+  // dilation 1, low padding 1 along the width, rows of whole 16-byte vectors (a 16-byte aligned
+  // input), every output's columns inside the row (out width <= in width / 2), 32-bit items.
+  bool rowvec(const T* x, RowVec* rv, i64* items) const {
+    constexpr int E = 16 / sizeof(T);
+    if (rowvec_off() || V != 1 || p.C != 1 || !aligned16(x)) return false;
+    if (p.window[0] != 1 || p.stride[0] != 1 || p.dilation[0] != 1 || p.pad_lo[0] != 0 ||
+        p.out[0] != p.in[0])
+      return false;
+    for (int d = 1; d < 3; ++d)
+      if (p.window[d] != 3 || p.stride[d] != 2 || p.dilation[d] != 1) return false;
+    if (p.pad_lo[2] != 1 || p.in[2] % E != 0 || 2 * p.out[2] > p.in[2] || p.out[1] < 1) return false;
+    const i64 groups = (p.out[2] + E / 2 - 1) / (E / 2), pairs = (p.out[1] + 1) / 2;
+    *items = p.N * p.in[0] * pairs * groups;
+    if (*items >= (i64(1) << 31)) return false;
+    rv->fj = FastDiv(groups);
+    rv->frp = FastDiv(pairs);
+    return true;
   }
 
   // One window (dilation 1) that covers every input: global pooling. *div: its divisor, the

@@ -233,6 +233,15 @@ std::vector<Spec> specs() {
   add({"global-pad-incl-c24", 2, 2, 24, {5, 6}, {6, 8}, {1, 1}, {}, {1, 1}, {0, 1}, true});
   // One-channel images large enough for the tiled forward (partial tiles, 1-4 rows a thread).
   add({"c1-tiles-3x3s2p1", 2, 3, 1, {40, 37}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}});
+  // one-channel row vectors (16-byte rows, low width padding 1): odd output rows, a partial last
+  // column group (f32: 4 outputs of 2), exclusive counts with high padding, ceil mode (the
+  // extension keeps out <= in / 2 only sometimes: else the quads), a 3-D problem's depth
+  // folded into the planes, and widths of 8 (one vector) and 40
+  add({"c1-rowvec-3x3s2p1", 2, 3, 1, {13, 24}, {3, 3}, {2, 2}, {}, {1, 1}, {1, 1}});
+  add({"c1-rowvec-excl-hi2", 2, 2, 1, {9, 40}, {3, 3}, {2, 2}, {}, {2, 1}, {2, 1}, false});
+  add({"c1-rowvec-ceil", 2, 2, 1, {12, 16}, {3, 3}, {2, 2}, {}, {1, 1}, {0, 0}, true, true});
+  add({"c1-rowvec-w8-hpad0", 2, 5, 1, {6, 8}, {3, 3}, {2, 2}, {}, {0, 1}, {0, 0}});
+  add({"c1-rowvec-3d", 3, 2, 1, {3, 7, 16}, {1, 3, 3}, {1, 2, 2}, {}, {0, 1, 1}, {0, 1, 1}});
   add({"c1-tiles-2x2s2", 2, 2, 1, {34, 66}, {2, 2}, {2, 2}});
   add({"c1-tiles-3x3s1-same-excl", 2, 2, 1, {20, 35}, {3, 3}, {1, 1}, {}, {1, 1}, {1, 1}, false});
   add({"c1-tiles-dil2", 2, 1, 1, {24, 40}, {3, 3}, {1, 1}, {2, 2}, {2, 2}, {2, 2}});
