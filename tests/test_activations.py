@@ -505,12 +505,20 @@ def test_mask_path_derivatives_of_every_order():
   x = jnp.where(jnp.abs(x - 6) < 0.1, 5.0, x)
   x = jnp.where(jnp.abs(x - 2.5) < 0.1, 1.2, x)
   t = _inputs(F64, (3, 13), seed=22, kinks=())
+  xn, tn = np.asarray(x), np.asarray(t)
+  # the exact derivatives (one rounding: lower * t), from numpy
+  exact = {"relu": np.where(xn > 0, tn, 0.0), "leaky_relu_0.2": np.where(xn >= 0, tn, 0.2 * tn),
+           "clipped_relu_2.5": np.where((xn > 0) & (xn < 2.5), tn, 0.0),
+           "relu6": np.where((xn > 0) & (xn < 6), tn, 0.0)}
   for case in MASK_CASES:
     ours, ref = CASES[case][:2]
-    np.testing.assert_array_equal(jax.jvp(ours, (x,), (t,))[1], jax.jvp(ref, (x,), (t,))[1])
-    g = lambda f: jax.grad(lambda a: jnp.sum(f(a) * t))
-    np.testing.assert_array_equal(jax.jit(jax.vmap(g(ours)))(x), jax.vmap(g(ref))(x))
-    np.testing.assert_array_equal(jax.jit(jax.grad(lambda a: jnp.sum(g(ours)(a) * t)))(x), 0)
+    np.testing.assert_array_equal(jax.jvp(ours, (x,), (t,))[1], exact[case], err_msg=case)
+    np.testing.assert_array_equal(jax.jvp(ref, (x,), (t,))[1], exact[case], err_msg=case)
+    # per row: the cotangent of row i is t[i] (no sum over rows, whose order XLA may change)
+    g = lambda f: jax.grad(lambda a, ct: jnp.sum(f(a) * ct))
+    np.testing.assert_array_equal(jax.jit(jax.vmap(g(ours)))(x, t), exact[case], err_msg=case)
+    np.testing.assert_array_equal(jax.vmap(g(ref))(x, t), exact[case], err_msg=case)
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda a: jnp.sum(g(ours)(a, t) * t)))(x), 0)
     jj = lambda f: jax.jvp(lambda a: jax.jvp(f, (a,), (t,))[1], (x,), (t,))[1]
     np.testing.assert_array_equal(jj(ours), 0)
     check_grads(ours, (x,), order=2, modes=("fwd", "rev"))
@@ -532,12 +540,13 @@ def test_mask_primitive_checks():
 def test_mask_ffi_rejects_a_malformed_call():
   """The handler's own checks (the primitives never send these): an error, not a crash."""
   call = jax.ffi.ffi_call("jaxdnn_activation_mask_bwd", jax.ShapeDtypeStruct((2, 9), F32))
+  # block: a GPU reports a handler's error when the computation is waited for
   with pytest.raises(Exception, match="last dimension L"):
     jax.jit(lambda b, v: call(b, v, activation=np.int32(1), activation_param=np.float64(0)))(
-        jnp.zeros((2, 1), np.uint8), jnp.ones((2, 9), F32))
+        jnp.zeros((2, 1), np.uint8), jnp.ones((2, 9), F32)).block_until_ready()
   with pytest.raises(Exception, match="no mask form"):
     jax.jit(lambda b, v: call(b, v, activation=np.int32(5), activation_param=np.float64(0)))(
-        jnp.zeros((2, 2), np.uint8), jnp.ones((2, 9), F32))
+        jnp.zeros((2, 2), np.uint8), jnp.ones((2, 9), F32)).block_until_ready()
 
 
 # ---------------------------------------------------------------------------------------------
