@@ -7,8 +7,7 @@ repeats, divided by K. Both implementations run in the same harness.
   fwd  y = f(x)                                     bytes: x read + y written
   bwd  the VJP alone, from the residuals the forward saved (a jax.vjp closure passed into the
        jitted function, so the forward is not re-run): jaxdnn reads a one-bit mask (relu,
-       leaky_relu, relu6 on the CPU), y (elu, sigmoid, tanh; the relu-likes on the GPU) or x
-       (gelu, silu) and dy, writes dx; XLA reads whatever its VJP saved (relu-likes: a bool).
+       leaky_relu, relu6), y (elu, sigmoid, tanh) or x (gelu, silu) and dy, writes dx; XLA reads whatever its VJP saved (relu-likes: a bool).
                                                     bytes: 2 arrays read + 1 written (a common
                                                     yardstick, not either side's real traffic)
   fwd+bwd  y and dx together (jax.vjp inside the jitted function, both returned), as a training

@@ -30,7 +30,7 @@ Bit masks (relu, leaky_relu, clipped_relu: f' is 1 or a constant `lower`, 0 or t
                                                      packed into ceil(L / 8) bytes (bit k of byte j
                                                      is element 8j + k), bit = [f'(x) = 1]
   activation_select  S(bits, v) = where(bit, v, lower * v)     linear in v
-Where the default backend's extension has the mask kernels (the CPU; not yet CUDA), the JVP of A
+Where the default backend's extension has the mask kernels (both, CPU and CUDA), the JVP of A
 for these kinds is (y, S(bits, t)) with (y, bits) = M(x), so reverse mode keeps 1/8 byte per
 element instead of y, and the backward moves 1/8 + 2 elements per element instead of 3 (jax.nn's
 relu keeps a bool mask: 1 + 2 elements). S(bits, .) is diagonal, so its transpose is itself; the
