@@ -303,7 +303,13 @@ def test_random_geometries_match_lax():
     if x.size == 0:  # nothing to compare (and lax's select_and_scatter VJP fails on it)
       assert g.shape == x.shape and ty.shape == y_aval.shape
       return
-    g_ref = oracle(lambda x, ct: jax.grad(lambda x: jnp.vdot(ref(x), ct))(x), x, ct)
+    try:
+      g_ref = oracle(lambda x, ct: jax.grad(lambda x: jnp.vdot(ref(x), ct))(x), x, ct)
+    except TypeError:
+      # lax's own reduce_window VJP rejects some geometries that its forward accepts (seen:
+      # NDHWC (1, 1, 1, 2, 1), window (1, 1, 1), strides (1, 1, 2), SAME, ceil mode: "slice
+      # limit_indices must be less than or equal to operand shape"); no reference gradient
+      hypothesis.assume(False)
     _assert_same(g, g_ref, what="grad")
     _assert_same(ty, oracle(lambda x, t: jax.jvp(ref, (x,), (t,))[1], x, t), what="jvp")
 
