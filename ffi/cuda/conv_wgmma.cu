@@ -275,6 +275,12 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       // Not this CTA's last tile: the next tile's loads are in flight in the pipeline buffers,
       // so the values go out from the registers, two channels (4 or 8 bytes) per store.
       // Kg % 8 == 0 and even columns keep every pair inside one row and aligned.
+      // 16-bit epilogue operands: a row's bias and residual pairs are loaded before its first
+      // store (epi_pair16_load); one pair at a time, each residual load waited a DRAM latency
+      // behind the previous store (bf16 r50_c2_1x1_up, H200: bias + relu + residual took 1.96x
+      // the plain convolution). The biases are reloaded per row (L1 hits): keeping BN / 4 of
+      // them across the rows would cost registers next to the live accumulators.
+      const bool pairs16 = p.epi.on && !out32 && p.epi.aligned16;
 #pragma unroll
       for (int mb = 0; mb < BM / 64; ++mb) {
 #pragma unroll
@@ -282,25 +288,48 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
           const int m = m_base + mb * 64 + warp * 16 + (lane >> 2) + 8 * half;
           if (m >= p.M) continue;
           const long long row = static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg;
+          // in chunks of kJ pairs: 2 kJ registers next to the live accumulators (128 x 128
+          // tiles: 128 accumulators, 243 registers before these loads; kJ = 8 spilled there)
+          constexpr int kJ = BM * BN >= 128 * 128 ? 4 : (BN / 8 < 8 ? BN / 8 : 8);
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const int col = n_base + j * 8 + (lane & 3) * 2;
-            if (col >= p.Kg) break;
-            float v0 = acc[mb][j * 4 + 2 * half], v1 = acc[mb][j * 4 + 2 * half + 1];
-            const long long off = row + col;
-            if (p.epi.on) {
-              // the pair's biases are reloaded per row (L1 hits): keeping BN/4 of them across the
-              // rows would cost registers next to the live accumulators
-              float v[2] = {v0, v1}, b[2];
-              epi_bias_run<2>(p.epi, static_cast<long long>(g) * p.Kg + col, 2, b);
-              epi_apply_run<2>(p.epi, off, b, v);
-              v0 = v[0], v1 = v[1];
+          for (int j0 = 0; j0 < BN / 8; j0 += kJ) {
+            uint32_t bias_w[kJ], res_w[kJ];
+            if (pairs16) {
+#pragma unroll
+              for (int jj = 0; jj < kJ; ++jj) {
+                const int col = n_base + (j0 + jj) * 8 + (lane & 3) * 2;
+                bias_w[jj] = res_w[jj] = 0u;
+                if (col < p.Kg && p.epi.bias)
+                  bias_w[jj] = epi_pair16_load(p.epi.bias, static_cast<long long>(g) * p.Kg + col);
+                if (col < p.Kg && p.epi.residual)
+                  res_w[jj] = epi_pair16_load(p.epi.residual, row + col);
+              }
             }
-            if (out32)
-              *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
-            else
-              *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + off) =
-                  pack2(v0, v1, kF16);
+#pragma unroll
+            for (int jj = 0; jj < kJ; ++jj) {
+              const int j = j0 + jj;
+              const int col = n_base + j * 8 + (lane & 3) * 2;
+              if (col >= p.Kg) break;
+              float v0 = acc[mb][j * 4 + 2 * half], v1 = acc[mb][j * 4 + 2 * half + 1];
+              const long long off = row + col;
+              if (pairs16) {
+                float v[2] = {v0, v1}, b[2], r[2];
+                epi_pair16_unpack(p.epi, bias_w[jj], b);
+                epi_pair16_unpack(p.epi, res_w[jj], r);
+                epi_apply_run_loaded<2>(p.epi, off, b, r, v);
+                v0 = v[0], v1 = v[1];
+              } else if (p.epi.on) {
+                float v[2] = {v0, v1}, b[2];
+                epi_bias_run<2>(p.epi, static_cast<long long>(g) * p.Kg + col, 2, b);
+                epi_apply_run<2>(p.epi, off, b, v);
+                v0 = v[0], v1 = v[1];
+              }
+              if (out32)
+                *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
+              else
+                *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + off) =
+                    pack2(v0, v1, kF16);
+            }
           }
         }
       }
@@ -333,41 +362,66 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     // this thread's 8 columns are the same on every row it stores: their biases load once
     float bias[8];
     if (p.epi.on) epi_bias_run<8>(p.epi, static_cast<long long>(g) * p.Kg + col, cnt, bias);
-    for (int r = er; r < BM; r += RPP) {
-      const int m = m_base + r;
-      if (m >= p.M) break;
-      const float* src = Cs + r * LDC + ec * 8;
-      float4 lo = *reinterpret_cast<const float4*>(src);
-      float4 hi = *reinterpret_cast<const float4*>(src + 4);
-      const long long off =
-          static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg + col;
-      if (p.epi.on) {
-        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        epi_apply_run<8>(p.epi, off, bias, v, cnt);
-        lo = make_float4(v[0], v[1], v[2], v[3]);
-        hi = make_float4(v[4], v[5], v[6], v[7]);
-      }
-      if (out32) {
-        float* d = static_cast<float*>(p.y) + off;
-        if (full) {
-          reinterpret_cast<float4*>(d)[0] = lo;
-          reinterpret_cast<float4*>(d)[1] = hi;
-        } else {
-          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-          for (int q = 0; col + q < p.Kg; ++q) d[q] = v[q];
+    // 16-bit residuals: kR rows' 16 bytes load before the first of their stores (one row at a
+    // time, each load waited a DRAM latency behind the previous row's store). The compiler
+    // schedules these read-only loads early, next to the live accumulators: all 16 rows, or 4 in
+    // the 128 x 128 kernel, made it spill (ptxas, sm_90a).
+    constexpr int kRows = (BM + RPP - 1) / RPP, kR = BM * BN >= 128 * 128 ? 2 : 4;
+    const long long off0 = static_cast<long long>(g) * p.Kg + col;  // + m * K: row m's offset
+    const bool res16 = p.epi.on && p.epi.residual && full && epi_raw16_ok<8>(p.epi, off0);
+#pragma unroll 1
+    for (int i0 = 0; i0 < kRows; i0 += kR) {
+      uint4 res_raw[kR];
+      if (res16) {
+#pragma unroll
+        for (int i = 0; i < kR; ++i) {
+          const int r = er + (i0 + i) * RPP, m = m_base + r;
+          if (r < BM && m < p.M)
+            res_raw[i] = epi_raw16_load<8>(p.epi.residual, static_cast<long long>(m) * p.K + off0);
         }
-      } else {
-        uint4 pk;
-        pk.x = pack2(lo.x, lo.y, kF16);
-        pk.y = pack2(lo.z, lo.w, kF16);
-        pk.z = pack2(hi.x, hi.y, kF16);
-        pk.w = pack2(hi.z, hi.w, kF16);
-        unsigned short* d = static_cast<unsigned short*>(p.y) + off;
-        if (full) {
-          *reinterpret_cast<uint4*>(d) = pk;
+      }
+#pragma unroll
+      for (int i = 0; i < kR; ++i) {
+        const int r = er + (i0 + i) * RPP, m = m_base + r;
+        if (r >= BM || m >= p.M) break;
+        const float* src = Cs + r * LDC + ec * 8;
+        float4 lo = *reinterpret_cast<const float4*>(src);
+        float4 hi = *reinterpret_cast<const float4*>(src + 4);
+        const long long off = static_cast<long long>(m) * p.K + off0;
+        if (p.epi.on) {
+          float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          if (res16) {
+            float res[8];
+            epi_raw16_unpack<8>(p.epi, res_raw[i], res);
+            epi_apply_run_loaded<8>(p.epi, off, bias, res, v);
+          } else {
+            epi_apply_run<8>(p.epi, off, bias, v, cnt);
+          }
+          lo = make_float4(v[0], v[1], v[2], v[3]);
+          hi = make_float4(v[4], v[5], v[6], v[7]);
+        }
+        if (out32) {
+          float* d = static_cast<float*>(p.y) + off;
+          if (full) {
+            reinterpret_cast<float4*>(d)[0] = lo;
+            reinterpret_cast<float4*>(d)[1] = hi;
+          } else {
+            const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            for (int q = 0; col + q < p.Kg; ++q) d[q] = v[q];
+          }
         } else {
-          const unsigned short* h = reinterpret_cast<const unsigned short*>(&pk);
-          for (int q = 0; col + q < p.Kg; ++q) d[q] = h[q];
+          uint4 pk;
+          pk.x = pack2(lo.x, lo.y, kF16);
+          pk.y = pack2(lo.z, lo.w, kF16);
+          pk.z = pack2(hi.x, hi.y, kF16);
+          pk.w = pack2(hi.z, hi.w, kF16);
+          unsigned short* d = static_cast<unsigned short*>(p.y) + off;
+          if (full) {
+            *reinterpret_cast<uint4*>(d) = pk;
+          } else {
+            const unsigned short* h = reinterpret_cast<const unsigned short*>(&pk);
+            for (int q = 0; col + q < p.Kg; ++q) d[q] = h[q];
+          }
         }
       }
     }

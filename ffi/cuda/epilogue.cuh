@@ -233,6 +233,17 @@ __device__ __forceinline__ void epi_raw16_unpack(const EpiDev& e, const uint4& u
   }
 }
 
+// Pairs of 16-bit values (dtype 2 or 3) at even index i of a 4-byte aligned buffer: one raw
+// 32-bit word each, loaded through the read-only path. A kernel loads a row's pairs before it
+// stores any of them (stores between would hold each load back: the compiler cannot tell that
+// they do not alias) and unpacks them where it adds them.
+__device__ __forceinline__ uint32_t epi_pair16_load(const void* p, long long i) {
+  return __ldg(reinterpret_cast<const unsigned int*>(p) + i / 2);
+}
+__device__ __forceinline__ void epi_pair16_unpack(const EpiDev& e, uint32_t w, float* f) {
+  epi_detail::unpack16v<2>(&w, e.dtype, f);
+}
+
 namespace epi_detail {
 // preact (when asked) and the activation of a run whose bias and residual are added.
 template <int n>

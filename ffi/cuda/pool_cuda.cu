@@ -157,6 +157,21 @@ __device__ __forceinline__ double fma_acc(double a, double b, double c) {
   return __fma_rn(a, b, c);
 }
 
+// s / d, correctly rounded, for a count d >= 0 given inv = 1 / d (one division per window instead
+// of one per channel): q = s * inv is within an ulp of s / d, r = s - q d is exact (an FMA), and
+// q + r * inv rounds to s / d (Markstein's correction, the fast path of the hardware division
+// sequence). Infinite or NaN quotients (0 / 0 for an empty window) keep q.
+#ifndef JAXDNN_POOL_AVG_RCP
+#define JAXDNN_POOL_AVG_RCP 1
+#endif
+template <typename A>
+__device__ __forceinline__ A div_by_count(A s, A inv, A d) {
+  if constexpr (!JAXDNN_POOL_AVG_RCP) return s / d;
+  const A q = s * inv;
+  const A r = fma_acc(-q, d, s);
+  return fabs(q) <= std::numeric_limits<A>::max() ? fma_acc(r, inv, q) : q;
+}
+
 // Raw words of B bytes (read-only loads through __ldg, plain stores).
 template <int B> struct Raw;
 template <> struct Raw<1> { using type = unsigned char; };
@@ -1629,13 +1644,18 @@ __device__ __forceinline__ int quad_divisor(const Geo& g, int d, int h, int w) {
   return divisor_factor(g, 0, d) * divisor_factor(g, 1, h) * divisor_factor(g, 2, w);
 }
 
-// Blocks per SM that quad_kernel's register budget aims at (sweeps: -DJAXDNN_QUAD_MINB=N).
+// Blocks per SM that quad_kernel's register budget aims at (sweeps: -DJAXDNN_QUAD_MINB=N; the
+// avg forward's own: -DJAXDNN_QUAD_AVG_MINB=N).
 #ifndef JAXDNN_QUAD_MINB
 #define JAXDNN_QUAD_MINB 1
 #endif
+#ifndef JAXDNN_QUAD_AVG_MINB
+#define JAXDNN_QUAD_AVG_MINB JAXDNN_QUAD_MINB
+#endif
 
 template <typename T, int V, QuadOp kOp, typename I>
-__global__ void __launch_bounds__(kBlock, JAXDNN_QUAD_MINB)
+__global__ void __launch_bounds__(kBlock, kOp == QuadOp::kAvgFwd ? JAXDNN_QUAD_AVG_MINB
+                                                                  : JAXDNN_QUAD_MINB)
     quad_kernel(Geo g, Quads qd, const T* __restrict__ x, const T* __restrict__ dy,
                 T* __restrict__ out, uint8_t* __restrict__ arg, I items) {
   using A = typename AccOf<T>::type;
@@ -1729,8 +1749,9 @@ __global__ void __launch_bounds__(kBlock, JAXDNN_QUAD_MINB)
           if (!kMax) {
             // An empty counting region gives 0/0 = NaN, as lax's sum / count does.
             const A divisor = static_cast<A>(quad_divisor(g, q[0], c0 + a, c1 + b));
+            const A inv = A(1) / divisor;
 #pragma unroll
-            for (int e = 0; e < V; ++e) acc[e] = acc[e] / divisor;
+            for (int e = 0; e < V; ++e) acc[e] = div_by_count(acc[e], inv, divisor);
           }
           VT::store(out + y_off(a, b), acc);
         }
