@@ -275,12 +275,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       // Not this CTA's last tile: the next tile's loads are in flight in the pipeline buffers,
       // so the values go out from the registers, two channels (4 or 8 bytes) per store.
       // Kg % 8 == 0 and even columns keep every pair inside one row and aligned.
-      // 16-bit epilogue operands: a row's bias and residual pairs are loaded before its first
-      // store (epi_pair16_load); one pair at a time, each residual load waited a DRAM latency
-      // behind the previous store (bf16 r50_c2_1x1_up, H200: bias + relu + residual took 1.96x
-      // the plain convolution). The biases are reloaded per row (L1 hits): keeping BN / 4 of
-      // them across the rows would cost registers next to the live accumulators.
-      const bool pairs16 = p.epi.on && !out32 && p.epi.aligned16;
+      // 16-bit residuals: a row's residual (and bias) pairs are loaded before its first store
+      // (epi_pair16_load); one pair at a time, each residual load waited a DRAM latency behind
+      // the previous store (H200, bf16 r50_c2_1x1_up: bias + relu + residual 1.96x the plain
+      // convolution, 1.64x with the loads ahead). Without a residual the pairs' biases load one
+      // at a time (L1 hits; batched, bias + relu measured 1.24x against 1.13-1.16x). The biases
+      // are reloaded per row: keeping BN / 4 of them across the rows would cost registers next
+      // to the live accumulators.
+      const bool pairs16 = p.epi.on && p.epi.residual && !out32 && p.epi.aligned16;
 #pragma unroll
       for (int mb = 0; mb < BM / 64; ++mb) {
 #pragma unroll
