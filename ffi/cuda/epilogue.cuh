@@ -85,8 +85,6 @@ template <class A> __device__ __forceinline__ A param_of(const EpiDev& e);
 template <> __device__ __forceinline__ float param_of<float>(const EpiDev& e) { return e.param; }
 template <> __device__ __forceinline__ double param_of<double>(const EpiDev& e) { return e.param64; }
 
-// n (2, 4 or 8) 16-bit values (dt 2 = bf16, 3 = f16) at p + i, i % n == 0 and p 16-byte aligned:
-// one 4-, 8- or 16-byte access.
 // n 16-bit values (dt 2 = bf16, 3 = f16) packed in n / 2 words to floats.
 template <int n>
 __device__ __forceinline__ void unpack16v(const uint32_t* w, int dt, float* f) {
@@ -100,6 +98,8 @@ __device__ __forceinline__ void unpack16v(const uint32_t* w, int dt, float* f) {
     }
   }
 }
+// n (2, 4 or 8) 16-bit values (dt 2 = bf16, 3 = f16) at p + i, i % n == 0 and p 16-byte aligned:
+// one 4-, 8- or 16-byte access.
 template <int n>
 __device__ __forceinline__ void load16v(const void* p, long long i, int dt, float* f) {
   static_assert(n == 2 || n == 4 || n == 8, "16-bit vector width");
@@ -291,8 +291,9 @@ __device__ __forceinline__ void epi_apply_run(const EpiDev& e, long long i, cons
   epi_detail::finish_run<n>(e, i, v, cnt, vec);
 }
 
-// The same for a full run (cnt = n, epi_raw16_ok at i) whose residuals r were loaded ahead
-// (epi_raw16_load / epi_raw16_unpack; ignored without a residual).
+// The same for a full run (cnt = n) whose biases b and residuals r were loaded ahead and
+// unpacked (epi_raw16_load / epi_raw16_unpack, or epi_pair16_load / epi_pair16_unpack for n = 2);
+// each is ignored where the epilogue has none.
 template <int n>
 __device__ __forceinline__ void epi_apply_run_loaded(const EpiDev& e, long long i, const float* b,
                                                      const float* r, float* v) {
