@@ -9,6 +9,11 @@ shares with the CUDA kernels, ffi/include/jaxdnn/erfcx_fit.h (needs numpy and mp
   erfcx(x) ~ R6(t), t = 1 / (1 + 0.61 x), R6 of degree 6 on [0, 10], for results rounded to
       16-bit types: a least-squares fit of relative error, reweighted toward the worst points
       (Lawson-style); printed halved (erfcx_poly6_half).
+  erfcx(x) ~ R8(t), t = 1 / (1 + 0.55 x), R8 of degree 8 on [0, 9.3], the same kind of fit, for
+      VecMathF::gelu_grad; printed halved.
+  e^(-u/2) ~ P5(u) on |u| <= ln2 (u = -2r, r exp's reduced argument) with P5(0) = 1 and
+      P5'(0) = -1/2 fixed: a least-squares fit of relative error in r, Lawson-reweighted, for
+      VecMathF::gelu_grad.
 
     python scripts/fit_vec_math.py
 """
@@ -60,6 +65,20 @@ def fit_erfcx_relative(deg=6, hi=10.0, scale=0.61, iters=60):
   return c, err.max()
 
 
+def fit_exp_half(deg=5, iters=60):
+  # e^r = 1 + r + sum_k c_k r^k, fitted in r on [-ln2/2, ln2/2], then written in u = -2r.
+  r = np.linspace(-np.log(2) / 2, np.log(2) / 2, 20001)
+  f = np.exp(r)
+  a = np.vander(r, deg + 1, increasing=True)[:, 2:]
+  w = np.ones_like(r)
+  for _ in range(iters):
+    c, *_ = np.linalg.lstsq(a * (w / f)[:, None], (f - 1 - r) * w / f, rcond=None)
+    err = np.abs((1 + r + a @ c) / f - 1)
+    w = w * (1 + err / err.max()) ** 2
+  coeffs = np.concatenate([[1.0, 1.0], c])
+  return coeffs * (-0.5) ** np.arange(deg + 1), err.max()
+
+
 def main():
   p, q, err = fit_tanh()
   print(f"tanh: max relative fit error {err:.2e}")
@@ -71,6 +90,12 @@ def main():
   c, err = fit_erfcx_relative()
   print(f"erfcx, degree 6: max relative fit error {err:.2e}")
   print("  R6 / 2 (constant first):", ", ".join(f"{v / 2:.10g}" for v in c))
+  c, err = fit_erfcx_relative(deg=8, hi=9.3, scale=0.55)
+  print(f"erfcx, degree 8: max relative fit error {err:.2e}")
+  print("  R8 / 2 (constant first):", ", ".join(f"{v / 2:.11g}" for v in c))
+  c, err = fit_exp_half()
+  print(f"e^(-u/2), degree 5: max relative fit error {err:.2e}")
+  print("  P5 (constant first):", ", ".join(f"{v:.11g}" for v in c))
 
 
 if __name__ == "__main__":

@@ -43,8 +43,12 @@ inline C pointwise(C s, C p) {
   return activation_grad2_from_output<C, M>(kA, s, p);
 }
 
-// gelu's f'(x) = Phi(x) + x phi(x), with one exponential shared by Phi and phi (activation.h's
-// generic formula evaluates erfc and exp separately); see VecMathF::gelu_grad.
+// gelu's f(x) = x Phi(x) and f'(x) = Phi(x) + x phi(x) from VecMathF's shared normal-tail
+// pieces: one exponential, where activation.h's generic formulas take erfc's and exp's.
+template <>
+inline float pointwise<Op::kForward, Activation::kGelu, float>(float x, float) {
+  return x * VecMathF::normal_cdf(x);
+}
 template <>
 inline float pointwise<Op::kGradInput, Activation::kGelu, float>(float x, float) {
   return VecMathF::gelu_grad(x);
