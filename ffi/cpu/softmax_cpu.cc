@@ -7,7 +7,10 @@
 // the thread count. Rows are split across the thread pool.
 // inner > 1: each task owns a block of up to kCols columns of one [n, inner] slab and runs the
 // same three passes down the rows, with one accumulator per column (the inner loops run along the
-// contiguous inner dimension).
+// contiguous inner dimension). Blocks are as wide as the slab allows: every row of a block is a
+// separate run in memory, and runs of 1 KB (256 columns) streamed from DRAM at 0.6x the speed of
+// whole 14 KB rows (log_softmax backward over H of 4x56x56x64, float32, 4 distinct inputs). Slabs
+// are split into narrower blocks only to give every thread work.
 //
 // NaN and inf behave as in jax.nn: x - m is NaN where x and the row maximum m are infinities of
 // one sign (a row of all -inf, or any +inf in the row), and a NaN anywhere in a row makes the
@@ -40,7 +43,7 @@ template <typename C>
 using MathOf = std::conditional_t<std::is_same_v<C, float>, VecMathF, StdMath>;
 
 constexpr int64_t kBlock = 512; // 16-bit types: elements converted per float32 block
-constexpr int64_t kCols = 256;  // strided case: columns per task
+constexpr int64_t kCols = 4096;  // strided case: most columns per task
 constexpr int64_t kMinTaskElems = 1 << 15;
 
 template <typename C>
@@ -378,13 +381,18 @@ void for_tasks(const SoftmaxCall& c, Rows&& rows, Cols&& cols) {
     parallel_for(c.outer, [&](int64_t b, int64_t e) { rows(b, e); }, rows_per_task);
     return;
   }
-  const int64_t blocks = (c.inner + kCols - 1) / kCols;
+  // Block width: the slab's, capped at kCols, and narrower (a multiple of 16 columns) while
+  // there are fewer than two blocks per thread.
+  const int64_t per_slab = std::max((c.inner + kCols - 1) / kCols,
+                                    (2 * num_threads() + c.outer - 1) / c.outer);
+  const int64_t width = std::min(kCols, (c.inner + per_slab - 1) / per_slab + 15) / 16 * 16;
+  const int64_t blocks = (c.inner + width - 1) / width;
   const int64_t slab = c.n * c.inner;
-  const int64_t tasks_min = std::max<int64_t>(1, kMinTaskElems / std::max<int64_t>(1, c.n * kCols));
+  const int64_t tasks_min = std::max<int64_t>(1, kMinTaskElems / std::max<int64_t>(1, c.n * width));
   parallel_for(c.outer * blocks, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      const int64_t o = t / blocks, c0 = (t % blocks) * kCols;
-      cols(o * slab + c0, std::min(kCols, c.inner - c0));
+      const int64_t o = t / blocks, c0 = (t % blocks) * width;
+      cols(o * slab + c0, std::min(width, c.inner - c0));
     }
   }, tasks_min);
 }
