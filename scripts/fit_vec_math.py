@@ -11,9 +11,10 @@ shares with the CUDA kernels, ffi/include/jaxdnn/erfcx_fit.h (needs numpy and mp
       (Lawson-style); printed halved (erfcx_poly6_half).
   erfcx(x) ~ R8(t), t = 1 / (1 + 0.55 x), R8 of degree 8 on [0, 9.3], the same kind of fit, for
       VecMathF::gelu_grad; printed halved.
-  e^(-u/2) ~ P5(u) on |u| <= ln2 (u = -2r, r exp's reduced argument) with P5(0) = 1 and
-      P5'(0) = -1/2 fixed: a least-squares fit of relative error in r, Lawson-reweighted, for
-      VecMathF::gelu_grad.
+  e^r ~ P6(r) on |r| <= ln2/2 (exp's reduced argument) with P6(0) = P6'(0) = 1 fixed: a
+      least-squares fit of relative error, Lawson-reweighted (VecMathF::exp_reduced).
+  e^(-u/2) ~ P5(u) on |u| <= ln2 (u = -2r): the same fit of degree 5, written in u, for
+      VecMathF::normal_tail.
 
     python scripts/fit_vec_math.py
 """
@@ -65,8 +66,8 @@ def fit_erfcx_relative(deg=6, hi=10.0, scale=0.61, iters=60):
   return c, err.max()
 
 
-def fit_exp_half(deg=5, iters=60):
-  # e^r = 1 + r + sum_k c_k r^k, fitted in r on [-ln2/2, ln2/2], then written in u = -2r.
+def fit_exp(deg, iters=60):
+  # e^r = 1 + r + sum_k c_k r^k on [-ln2/2, ln2/2]; coefficients constant first.
   r = np.linspace(-np.log(2) / 2, np.log(2) / 2, 20001)
   f = np.exp(r)
   a = np.vander(r, deg + 1, increasing=True)[:, 2:]
@@ -75,8 +76,7 @@ def fit_exp_half(deg=5, iters=60):
     c, *_ = np.linalg.lstsq(a * (w / f)[:, None], (f - 1 - r) * w / f, rcond=None)
     err = np.abs((1 + r + a @ c) / f - 1)
     w = w * (1 + err / err.max()) ** 2
-  coeffs = np.concatenate([[1.0, 1.0], c])
-  return coeffs * (-0.5) ** np.arange(deg + 1), err.max()
+  return np.concatenate([[1.0, 1.0], c]), err.max()
 
 
 def main():
@@ -93,9 +93,13 @@ def main():
   c, err = fit_erfcx_relative(deg=8, hi=9.3, scale=0.55)
   print(f"erfcx, degree 8: max relative fit error {err:.2e}")
   print("  R8 / 2 (constant first):", ", ".join(f"{v / 2:.11g}" for v in c))
-  c, err = fit_exp_half()
+  c, err = fit_exp(6)
+  print(f"e^r, degree 6: max relative fit error {err:.2e}")
+  print("  P6 (constant first):", ", ".join(f"{v:.17g}" for v in c))
+  c, err = fit_exp(5)
+  c = c * (-0.5) ** np.arange(len(c))  # in u = -2r
   print(f"e^(-u/2), degree 5: max relative fit error {err:.2e}")
-  print("  P5 (constant first):", ", ".join(f"{v:.11g}" for v in c))
+  print("  P5 in u (constant first):", ", ".join(f"{v:.11g}" for v in c))
 
 
 if __name__ == "__main__":

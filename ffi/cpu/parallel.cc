@@ -147,6 +147,9 @@ void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, in
     fn(0, n);
     return;
   }
+  // As many chunks for every thread: 7 chunks on 2 threads left one thread 4/7 of the work
+  // (log_softmax backward on 3136 rows of 64: 58 us; with 6 chunks, 36 us).
+  if (chunks > threads) chunks -= chunks % threads;
   const int64_t step = (n + chunks - 1) / chunks;
   chunks = (n + step - 1) / step;
   pool().run(chunks, [&](int64_t c) { fn(c * step, std::min(n, (c + 1) * step)); });

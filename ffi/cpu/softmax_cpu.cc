@@ -98,6 +98,18 @@ inline void emit(S* dst, int64_t len, F&& fn) {
 // reductions are `omp simd` reductions (compiled with -fopenmp-simd: vector partial results,
 // combined in an order fixed by the build, independent of the thread count).
 
+// ln for the log-sum-exp: vectorizable in float32, where a loop over std::log stays scalar (the
+// strided forward takes one per column: 4x4x784 over axis 1, 154 -> 122 us).
+template <typename C>
+inline C log_of(C v) {
+  if constexpr (std::is_same_v<C, float>) {
+    return VecMathF::log(v);
+  } else {
+    using std::log;
+    return log(v);
+  }
+}
+
 template <typename C>
 inline C block_max(const C* __restrict b, int64_t len, C m) {
 #pragma omp simd reduction(max : m)
@@ -190,8 +202,7 @@ void forward_row(const S* x, S* y, int64_t n) {
   if constexpr (kStoreExp) {
     scale<C>(reinterpret_cast<C*>(y), n, C(1) / sum);
   } else if constexpr (kLog) {
-    using std::log;
-    const C lse = log(sum);
+    const C lse = log_of(sum);
     for_blocks(x, n, [&](const C* b, int64_t off, int64_t len) {
       emit(y + off, len, [&](C* o) { shifted<C>(b, o, len, m, lse); });
     });
@@ -222,8 +233,7 @@ void forward_cols(const S* x, S* y, int64_t n, int64_t inner, int64_t w) {
         col_exp_sum<C, false>(b, nullptr, len, m + off, s + off);
     });
   if constexpr (kLog) {
-    using std::log;
-    for (int64_t j = 0; j < w; ++j) s[j] = log(s[j]);  // now the shifted log-sum-exp
+    for (int64_t j = 0; j < w; ++j) s[j] = log_of(s[j]);  // now the shifted log-sum-exp
   } else {
     for (int64_t j = 0; j < w; ++j) s[j] = C(1) / s[j];  // now the reciprocal sum
   }
