@@ -1,5 +1,6 @@
-"""Fused conv + bias + relu (+ residual) against the same family's plain conv, and forward plus
-backward of the fused op against the unfused jaxdnn sequence (conv, then jnp bias / relu).
+"""Fused conv + bias + activation (+ residual) against the same family's plain conv, and forward
+plus backward of the fused op against the unfused jaxdnn sequence (conv, then jnp bias and the
+jax.nn activation). --activation picks it (default relu).
 
 Per layer of layers-cpu.txt (NHWC, float32; on a GPU layers-gpu.txt in bfloat16; the family `auto` picks for the fused op, or
 --algo): K independent applications (distinct random inputs) inside one jitted function that
@@ -10,7 +11,7 @@ shared machine a burst of load then hits every variant alike instead of one.
   plain       conv(x, w)
   fused       conv(x, w, bias=b, activation="relu")                      one kernel pass
   fused+res   conv(x, w, bias=b, residual=r, activation="relu")
-  unfused     relu(conv(x, w) + b [+ r])      (XLA fuses the bias / residual / relu into one pass)
+  unfused     relu(conv(x, w) + b [+ r])   (XLA fuses the bias / residual / activation into one pass)
   f+b         forward and the VJP to x, w, b (and r): fused vs unfused
 
     python benchmarks/fused_bench.py [--only r50_c2_3x3,...] [--k 2] [--repeats 10]
@@ -31,18 +32,28 @@ from jaxdnn._src.geometry import ConvOp
 from jaxdnn.bench import layer_geometry, layer_shapes, read_layers, time_call
 
 DN = ("NHWC", "HWIO", "NHWC")
+# --activation: jaxdnn's name -> the jax.nn function of the unfused sequence
+JAX_ACTIVATIONS = {
+    "relu": jax.nn.relu,
+    "gelu": lambda v: jax.nn.gelu(v, approximate=False),
+    "gelu_tanh": jax.nn.gelu,
+    "silu": jax.nn.silu,
+    "sigmoid": jax.nn.sigmoid,
+    "tanh": jnp.tanh,
+}
 DEFAULT_LAYERS = ("r50_c2_3x3", "r50_c2_1x1_up", "r50_c3_3x3_s2", "r50_c4_3x3", "r50_c5_1x1",
                   "mnv2_dw_3x3")
 
 
-def _fns(L, algo):
+def _fns(L, algo, act):
   kw = dict(window_strides=(L["stride"],) * 2, padding=[(L["pad"], L["pad"])] * 2,
             dimension_numbers=DN, feature_group_count=L["groups"], algo=algo)
   plain = lambda x, w, b, r: jaxdnn.conv(x, w, **kw)
-  fused = lambda x, w, b, r: jaxdnn.conv(x, w, **kw, bias=b, activation="relu")
-  fused_res = lambda x, w, b, r: jaxdnn.conv(x, w, **kw, bias=b, residual=r, activation="relu")
-  unfused = lambda x, w, b, r: jax.nn.relu(jaxdnn.conv(x, w, **kw) + b)
-  unfused_res = lambda x, w, b, r: jax.nn.relu(jaxdnn.conv(x, w, **kw) + b + r)
+  f = JAX_ACTIVATIONS[act]
+  fused = lambda x, w, b, r: jaxdnn.conv(x, w, **kw, bias=b, activation=act)
+  fused_res = lambda x, w, b, r: jaxdnn.conv(x, w, **kw, bias=b, residual=r, activation=act)
+  unfused = lambda x, w, b, r: f(jaxdnn.conv(x, w, **kw) + b)
+  unfused_res = lambda x, w, b, r: f(jaxdnn.conv(x, w, **kw) + b + r)
   return dict(plain=plain, fused=fused, fused_res=fused_res, unfused=unfused,
               unfused_res=unfused_res)
 
@@ -68,6 +79,7 @@ def main():
   parser.add_argument("--dtype", default=None, help="default: float32 on cpu, bfloat16 on gpu")
   parser.add_argument("--only", default=",".join(DEFAULT_LAYERS))
   parser.add_argument("--algo", default="auto")
+  parser.add_argument("--activation", default="relu", choices=sorted(JAX_ACTIVATIONS))
   parser.add_argument("--k", type=int, default=2)
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--budget", type=float, default=4.0, help="seconds per measurement")
@@ -87,7 +99,7 @@ def main():
   rng = np.random.default_rng(0)
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} host cores, "
         f"jaxdnn threads {jaxdnn._src.ffi.load_cpu_extension().num_threads()}, {dtype} NHWC, "
-        f"K={args.k}, {inner} calls per sample, best of {args.rounds} interleaved rounds of a median of up to "
+        f"K={args.k}, activation {args.activation}, {inner} calls per sample, best of {args.rounds} interleaved rounds of a median of up to "
         f"{args.repeats}, load average {os.getloadavg()[0]:.1f}")
   print("| layer | family | plain ms | fused ms | fused/plain | fused+res ms | fused+res/plain "
         "| unfused ms | unfused+res ms | f+b fused ms | f+b unfused ms | unfused/fused | "
@@ -107,7 +119,7 @@ def main():
     fan_in = L["R"] * L["S"] * L["C"] // L["groups"]
     xs, ws = mk(x_shape), mk(w_shape, 1 / np.sqrt(fan_in))
     bs, rs, cts = mk((L["K"],)), mk(y_shape), mk(y_shape)
-    fns = _fns(L, algo)
+    fns = _fns(L, algo, args.activation)
     calls = {}
     for name in ("plain", "fused", "fused_res", "unfused", "unfused_res"):
       calls[name] = (_forward(fns[name]), (xs, ws, bs, rs))

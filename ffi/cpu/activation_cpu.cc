@@ -15,11 +15,11 @@
 #include <immintrin.h>
 #endif
 
+#include "activation_math.h"
 #include "f16_convert.h"
 #include "f16_storage.h"
 #include "parallel.h"
 #include "pointwise_cpu.h"
-#include "vec_math.h"
 
 namespace jaxdnn::cpu {
 namespace {
@@ -27,31 +27,16 @@ namespace {
 using f16::BF16;
 using f16::F16;
 
-template <typename C>
-using MathOf = std::conditional_t<std::is_same_v<C, float>, VecMathF, StdMath>;
-
 // What a kernel computes per element from s (and multiplies by dy unless kForward).
 enum class Op { kForward, kGradInput, kGradOutput, kGrad2Input, kGrad2Output };
 
 template <Op kOp, Activation kA, typename C>
 inline C pointwise(C s, C p) {
-  using M = MathOf<C>;
-  if constexpr (kOp == Op::kForward) return activate<C, M>(kA, s, p);
-  if constexpr (kOp == Op::kGradInput) return activation_grad_from_input<C, M>(kA, s, p);
-  if constexpr (kOp == Op::kGradOutput) return activation_grad_from_output<C, M>(kA, s, p);
-  if constexpr (kOp == Op::kGrad2Input) return activation_grad2_from_input<C, M>(kA, s, p);
-  return activation_grad2_from_output<C, M>(kA, s, p);
-}
-
-// gelu's f(x) = x Phi(x) and f'(x) = Phi(x) + x phi(x) from VecMathF's shared normal-tail
-// pieces: one exponential, where activation.h's generic formulas take erfc's and exp's.
-template <>
-inline float pointwise<Op::kForward, Activation::kGelu, float>(float x, float) {
-  return x * VecMathF::normal_cdf(x);
-}
-template <>
-inline float pointwise<Op::kGradInput, Activation::kGelu, float>(float x, float) {
-  return VecMathF::gelu_grad(x);
+  if constexpr (kOp == Op::kForward) return act_forward<kA, C>(s, p);
+  if constexpr (kOp == Op::kGradInput) return act_grad_from_input<kA, C>(s, p);
+  if constexpr (kOp == Op::kGradOutput) return act_grad_from_output<kA, C>(s, p);
+  if constexpr (kOp == Op::kGrad2Input) return act_grad2_from_input<kA, C>(s, p);
+  return act_grad2_from_output<kA, C>(s, p);
 }
 
 // out[i] = op(s[i]) (* dy[i]) over contiguous compute-type buffers.

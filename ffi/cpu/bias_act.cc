@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "activation_math.h"
 #include "float16.h"
 #include "parallel.h"
 
@@ -23,9 +24,9 @@ void derivative_run(const T* s, T* m, int64_t n, T param) {
     for (int64_t j = 0; j < n; ++j) m[j] = T(1);
   } else if constexpr (A == Activation::kGelu || A == Activation::kGeluTanh ||
                        A == Activation::kSilu) {
-    for (int64_t j = 0; j < n; ++j) m[j] = activation_grad_from_input<T>(A, s[j], param);
+    for (int64_t j = 0; j < n; ++j) m[j] = act_grad_from_input<A, T>(s[j], param);
   } else {
-    for (int64_t j = 0; j < n; ++j) m[j] = activation_grad_from_output<T>(A, s[j], param);
+    for (int64_t j = 0; j < n; ++j) m[j] = act_grad_from_output<A, T>(s[j], param);
   }
 }
 
@@ -52,9 +53,9 @@ inline T derivative_one(T s, T param) {
     return T(1);
   } else if constexpr (A == Activation::kGelu || A == Activation::kGeluTanh ||
                        A == Activation::kSilu) {
-    return activation_grad_from_input<T>(A, s, param);
+    return act_grad_from_input<A, T>(s, param);
   } else {
-    return activation_grad_from_output<T>(A, s, param);
+    return act_grad_from_output<A, T>(s, param);
   }
 }
 

@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "activation_math.h"
 #include "float16.h"
-#include "jaxdnn/activation.h"
 #include "jaxdnn/conv_problem.h"
 
 namespace jaxdnn::cpu {
@@ -22,7 +22,7 @@ namespace epilogue_detail {
 
 template <Activation A, typename T>
 inline void activate_run(T* z, int64_t n, T param) {
-  for (int64_t j = 0; j < n; ++j) z[j] = activate<T>(A, z[j], param);
+  for (int64_t j = 0; j < n; ++j) z[j] = act_forward<A, T>(z[j], param);
 }
 
 // z[j] = act(z[j]) with the switch outside the loop (each case a branch-free, vectorizable loop).
@@ -55,7 +55,7 @@ inline void fused_run(T* __restrict y, const T* __restrict b, const T* __restric
     if constexpr (kBias == BiasMode::kVector) z += b[i];
     if constexpr (kBias == BiasMode::kScalar) z += b0;
     if constexpr (kRes) z += r[i];
-    y[i] = activate<T>(A, z, param);
+    y[i] = act_forward<A, T>(z, param);
   }
 }
 

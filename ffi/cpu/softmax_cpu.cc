@@ -27,20 +27,17 @@
 #include <limits>
 #include <type_traits>
 
+#include "activation_math.h"
 #include "f16_convert.h"
 #include "f16_storage.h"
 #include "parallel.h"
 #include "pointwise_cpu.h"
-#include "vec_math.h"
 
 namespace jaxdnn::cpu {
 namespace {
 
 using f16::BF16;
 using f16::F16;
-
-template <typename C>
-using MathOf = std::conditional_t<std::is_same_v<C, float>, VecMathF, StdMath>;
 
 constexpr int64_t kBlock = 512; // 16-bit types: elements converted per float32 block
 constexpr int64_t kCols = 4096;  // strided case: most columns per task
