@@ -4,7 +4,9 @@
 // inner == 1 (the reduced axis is the last one, or all trailing axes are reduced): contiguous rows
 // of n elements, three passes per row (max; sum of exp(x - m); normalize). The reductions are
 // vectorized (`omp simd` reductions) in an order fixed by the build, so results do not depend on
-// the thread count. Rows are split across the thread pool.
+// the thread count. Rows are split across the thread pool. The float32 forward runs rows of up to
+// 256 four at a time, each row's reductions in the same order as alone (tests/test_softmax.py
+// checks that a row's result is bitwise the same alone and among others).
 // inner > 1: each task owns a block of up to kCols columns of one [n, inner] slab and runs the
 // same three passes down the rows, with one accumulator per column (the inner loops run along the
 // contiguous inner dimension). Blocks are as wide as the slab allows: every row of a block is a
@@ -211,6 +213,70 @@ void forward_row(const S* x, S* y, int64_t n) {
   }
 }
 
+// Four float32 rows of n side by side (n <= kInterleaveMaxRow): each pass runs over the four
+// rows in one loop, so that their reduction chains (max, then the exps and their sum, then the
+// output) overlap. One short row at a time was bound by that chain's latency: 4 x 12544 rows of
+// 64, log_softmax forward 315 -> 236 us, softmax 286 -> 218; rows of 32 1.2-1.4x; rows of
+// 128-256 1.0-1.2x. softmax stores exp(x - m) and rescales it, as forward_row does.
+constexpr int64_t kInterleaveMaxRow = 256;
+
+template <bool kLog>
+void forward_rows4_f32(const float* __restrict x, float* __restrict y, int64_t n) {
+  const float *x0 = x, *x1 = x + n, *x2 = x + 2 * n, *x3 = x + 3 * n;
+  float *y0 = y, *y1 = y + n, *y2 = y + 2 * n, *y3 = y + 3 * n;
+  float m0 = kNegInf<float>, m1 = m0, m2 = m0, m3 = m0;
+#pragma omp simd reduction(max : m0, m1, m2, m3)
+  for (int64_t i = 0; i < n; ++i) {
+    m0 = x0[i] > m0 ? x0[i] : m0;
+    m1 = x1[i] > m1 ? x1[i] : m1;
+    m2 = x2[i] > m2 ? x2[i] : m2;
+    m3 = x3[i] > m3 ? x3[i] : m3;
+  }
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  for (int64_t i = 0; i < n; ++i) {
+    const float e0 = VecMathF::exp(x0[i] - m0), e1 = VecMathF::exp(x1[i] - m1);
+    const float e2 = VecMathF::exp(x2[i] - m2), e3 = VecMathF::exp(x3[i] - m3);
+    if constexpr (!kLog) {
+      y0[i] = e0;
+      y1[i] = e1;
+      y2[i] = e2;
+      y3[i] = e3;
+    }
+    s0 += e0;
+    s1 += e1;
+    s2 += e2;
+    s3 += e3;
+  }
+  if constexpr (kLog) {
+    const float l0 = VecMathF::log(s0), l1 = VecMathF::log(s1);
+    const float l2 = VecMathF::log(s2), l3 = VecMathF::log(s3);
+    for (int64_t i = 0; i < n; ++i) {
+      y0[i] = (x0[i] - m0) - l0;
+      y1[i] = (x1[i] - m1) - l1;
+      y2[i] = (x2[i] - m2) - l2;
+      y3[i] = (x3[i] - m3) - l3;
+    }
+  } else {
+    const float i0 = 1.0f / s0, i1 = 1.0f / s1, i2 = 1.0f / s2, i3 = 1.0f / s3;
+    for (int64_t i = 0; i < n; ++i) {
+      y0[i] *= i0;
+      y1[i] *= i1;
+      y2[i] *= i2;
+      y3[i] *= i3;
+    }
+  }
+}
+
+// float32 rows [0, rows) of n: four at a time while they are short, then one by one.
+template <bool kLog>
+void forward_rows_f32(const float* x, float* y, int64_t n, int64_t rows) {
+  int64_t r = 0;
+  if (n <= kInterleaveMaxRow)
+    for (; r + 4 <= rows; r += 4) forward_rows4_f32<kLog>(x + r * n, y + r * n, n);
+  for (; r < rows; ++r) forward_row<float, kLog>(x + r * n, y + r * n, n);
+}
+
 // Columns [c0, c0 + w) of one [n, inner] slab.
 template <typename S, bool kLog>
 void forward_cols(const S* x, S* y, int64_t n, int64_t inner, int64_t w) {
@@ -347,13 +413,17 @@ void forward_rows(const S* x, S* y, int64_t n, int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; r += per) {
         const int64_t cnt = std::min(per, r1 - r);
         f16::to_float(x + r * n, xb, cnt * n);
-        for (int64_t i = 0; i < cnt; ++i) forward_row<float, kLog>(xb + i * n, yb + i * n, n);
+        forward_rows_f32<kLog>(xb, yb, n, cnt);
         f16::from_float(yb, y + r * n, cnt * n);
       }
       return;
     }
   }
-  for (int64_t r = r0; r < r1; ++r) forward_row<S, kLog>(x + r * n, y + r * n, n);
+  if constexpr (std::is_same_v<S, float>) {
+    forward_rows_f32<kLog>(x + r0 * n, y + r0 * n, n, r1 - r0);
+  } else {
+    for (int64_t r = r0; r < r1; ++r) forward_row<S, kLog>(x + r * n, y + r * n, n);
+  }
 }
 
 template <typename S, SoftmaxOp kOp>
