@@ -4,8 +4,8 @@
 // inner == 1 (the reduced axis is the last one, or all trailing axes are reduced): contiguous rows
 // of n elements, three passes per row (max; sum of exp(x - m); normalize). The reductions are
 // vectorized (`omp simd` reductions) in an order fixed by the build, so results do not depend on
-// the thread count. Rows are split across the thread pool. The float32 forward runs rows of up to
-// 256 four at a time, each row's reductions in the same order as alone (tests/test_softmax.py
+// the thread count. Rows are split across the thread pool. The forward runs short rows four at a
+// time (forward_rows4_f32), each row's reductions in the same order as alone (tests/test_softmax.py
 // checks that a row's result is bitwise the same alone and among others).
 // inner > 1: each task owns a block of up to kCols columns of one [n, inner] slab and runs the
 // same three passes down the rows, with one accumulator per column (the inner loops run along the
@@ -213,12 +213,16 @@ void forward_row(const S* x, S* y, int64_t n) {
   }
 }
 
-// Four float32 rows of n side by side (n <= kInterleaveMaxRow): each pass runs over the four
-// rows in one loop, so that their reduction chains (max, then the exps and their sum, then the
-// output) overlap. One short row at a time was bound by that chain's latency: 4 x 12544 rows of
-// 64, log_softmax forward 315 -> 236 us, softmax 286 -> 218; rows of 32 1.2-1.4x; rows of
-// 128-256 1.0-1.2x. softmax stores exp(x - m) and rescales it, as forward_row does.
-constexpr int64_t kInterleaveMaxRow = 256;
+// Four float32 rows of n side by side: each pass runs over the four rows in one loop, so that
+// their reduction chains (max, then the exps and their sum, then the output) overlap. One short
+// row at a time was bound by that chain's latency. softmax stores exp(x - m) and rescales it, as
+// forward_row does. Kernel times, 4 distinct inputs, log_softmax forward: 12544 rows of 64
+// 315 -> 236 us, 50176 rows of 64 1280 -> 974 us, rows of 32 1.3-1.4x faster. Rows of 128 gained
+// only while cache-resident (3136 rows: 166 -> 127 us) and lost from DRAM (12544 rows:
+// 488 -> 763 us; prefetching the next rows did not help), so float32 arrays interleave rows of
+// up to 64, and the 16-bit path's L1-resident float32 groups rows of up to 256.
+constexpr int64_t kInterleaveMaxRow = 64;
+constexpr int64_t kInterleaveMaxRowInL1 = 256;
 
 template <bool kLog>
 void forward_rows4_f32(const float* __restrict x, float* __restrict y, int64_t n) {
@@ -268,11 +272,11 @@ void forward_rows4_f32(const float* __restrict x, float* __restrict y, int64_t n
   }
 }
 
-// float32 rows [0, rows) of n: four at a time while they are short, then one by one.
+// float32 rows [0, rows) of n: four at a time while n <= max_interleaved, then one by one.
 template <bool kLog>
-void forward_rows_f32(const float* x, float* y, int64_t n, int64_t rows) {
+void forward_rows_f32(const float* x, float* y, int64_t n, int64_t rows, int64_t max_interleaved) {
   int64_t r = 0;
-  if (n <= kInterleaveMaxRow)
+  if (n <= max_interleaved)
     for (; r + 4 <= rows; r += 4) forward_rows4_f32<kLog>(x + r * n, y + r * n, n);
   for (; r < rows; ++r) forward_row<float, kLog>(x + r * n, y + r * n, n);
 }
@@ -413,14 +417,14 @@ void forward_rows(const S* x, S* y, int64_t n, int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; r += per) {
         const int64_t cnt = std::min(per, r1 - r);
         f16::to_float(x + r * n, xb, cnt * n);
-        forward_rows_f32<kLog>(xb, yb, n, cnt);
+        forward_rows_f32<kLog>(xb, yb, n, cnt, kInterleaveMaxRowInL1);
         f16::from_float(yb, y + r * n, cnt * n);
       }
       return;
     }
   }
   if constexpr (std::is_same_v<S, float>) {
-    forward_rows_f32<kLog>(x + r0 * n, y + r0 * n, n, r1 - r0);
+    forward_rows_f32<kLog>(x + r0 * n, y + r0 * n, n, r1 - r0, kInterleaveMaxRow);
   } else {
     for (int64_t r = r0; r < r1; ++r) forward_row<S, kLog>(x + r * n, y + r * n, n);
   }
