@@ -82,6 +82,8 @@ struct WgParams {
   int M, ntap, Kred, tilesM, tilesN;
   int out;  // 0: same 16-bit type as the input, 1: float32 (always for tf32)
   int pipe_bytes;  // shared memory of the pipeline stages (and C tile); the tap table follows
+  int stage16;     // persistent, 16-bit out: non-last tiles go out through a 16-bit C tile in
+                   // shared memory past the pipeline (WgCfg::C16_BYTES), 16 bytes per store
   EpiDev epi;  // fused epilogue (bias, residual, activation)
 };
 
@@ -93,6 +95,9 @@ struct WgCfg {
   static constexpr int PIPE = ST * STAGE;
   static constexpr int LDC = BN + 8;  // fp32 C tile row pitch (overlays the drained pipeline)
   static_assert(BM * LDC * 4 <= PIPE, "the C tile must fit in the pipeline buffers");
+  // 16-bit C tile of the persistent walk's non-last tiles, [BM][LDC] (a row pitch of BN + 8
+  // halves keeps the quads' 4-byte writes free of bank conflicts), 1024-byte aligned size.
+  static constexpr int C16_BYTES = (BM * LDC * 2 + 1023) / 1024 * 1024;
 };
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
@@ -277,6 +282,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       // are reloaded per row: keeping BN / 4 of them across the rows would cost registers next
       // to the live accumulators.
       const bool pairs16 = epi.on && epi.residual && !out32 && epi.aligned16;
+      // stage16: the packed pairs go to the 16-bit C tile instead, and the CTA then stores it
+      // row by row in 16-byte pieces (a quad's 4-byte stores fill half of each 32-byte sector
+      // that they touch). The next write to the C tile follows the next tile's first K step,
+      // whose barrier every thread passes only after it has read this tile.
+      unsigned short* C16 = reinterpret_cast<unsigned short*>(smem + Cf::PIPE);
 #pragma unroll
       for (int mb = 0; mb < BM / 64; ++mb) {
 #pragma unroll
@@ -322,10 +332,29 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
               }
               if (out32)
                 *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
+              else if (p.stage16)
+                *reinterpret_cast<uint32_t*>(C16 + (m - m_base) * Cf::LDC + (col - n_base)) =
+                    pack2_16(v0, v1, kF16, relu16);
               else
                 *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + off) =
                     pack2_16(v0, v1, kF16, relu16);
             }
+          }
+        }
+      }
+      if (p.stage16) {
+        __syncthreads();
+        constexpr int CPR = BN / 8, RPP = kThreads / CPR;  // 16-byte chunks per row, rows per pass
+        const int ec = tid % CPR, col = n_base + ec * 8;
+        if (col < p.Kg) {  // Kg % 8 == 0: a chunk is inside the row or past its end
+#pragma unroll 4
+          for (int r = tid / CPR; r < BM; r += RPP) {
+            const int m = m_base + r;
+            if (m >= p.M) break;
+            *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.y) +
+                                      static_cast<long long>(m) * p.K +
+                                      static_cast<long long>(g) * p.Kg + col) =
+                *reinterpret_cast<const uint4*>(C16 + r * Cf::LDC + ec * 8);
           }
         }
       }
@@ -475,7 +504,7 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(e);
   const unsigned long long bit = 1ULL << (dev & 63);
-  const int smem_max = Cf::PIPE + kMaxTaps * 16;
+  const int smem_max = Cf::PIPE + Cf::C16_BYTES + kMaxTaps * 16;
   if (!(attr_done.load(std::memory_order_acquire) & bit)) {
     e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max);
     if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
@@ -485,7 +514,8 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   // reduction (a 1x1 layer over 64 channels: one step) needs less shared memory, so more CTAs
   // fit on an SM. The persistent walk cycles through every stage.
   const int steps = p.Kred / WgType<IN>::BK;
-  p.pipe_bytes = persistent ? Cf::PIPE
+  p.stage16 = p.stage16 && persistent;
+  p.pipe_bytes = persistent ? Cf::PIPE + (p.stage16 ? Cf::C16_BYTES : 0)
                             : std::max(std::min(steps, Cf::ST) * Cf::STAGE, BM * Cf::LDC * 4);
   p.pipe_bytes = (p.pipe_bytes + 1023) & ~1023;  // stages stay 1024-byte aligned (swizzle)
   const int smem = p.pipe_bytes + p.ntap * 16;
@@ -603,6 +633,11 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
   bool persistent = p.Kred / k_step(c.in) <= kPersistentMaxSteps && tile == 2;
   if (const char* f = std::getenv("JAXDNN_WGMMA_PERSISTENT"); f && (f[0] == '0' || f[0] == '1'))
     persistent = f[0] == '1';
+  // 16-bit outputs of the persistent walk through the 16-bit C tile (launch() drops it for
+  // one-tile CTAs). JAXDNN_WGMMA_STAGE16=0|1 forces it off or on (testing).
+  p.stage16 = in != kInTF32 && p.out == 0;
+  if (const char* f = std::getenv("JAXDNN_WGMMA_STAGE16"); f && (f[0] == '0' || f[0] == '1'))
+    p.stage16 = p.stage16 && f[0] == '1';
   auto run = [&](auto in_tag) {
     constexpr int I = decltype(in_tag)::value;
     if (tile == 0) return launch<I, 128, 128>(p, G, persistent, io.stream);
