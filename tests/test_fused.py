@@ -307,6 +307,38 @@ def test_kernel_path_wgmma_persistent_tiles():
     assert_close(y, want, tolerance(dtype), str(dtype))
 
 
+# Paths whose 16-bit stores apply a relu epilogue in the rounding (cvt.rn.relu on the GPU):
+# DIRECT's depthwise kernel (whose accumulators also start at the biases) and the wgmma kernel's
+# persistent walk (non-last tiles through a 16-bit C tile in shared memory).
+RELU16_CASES = {
+    "dws": (A.DIRECT, FCase("nhwc-depthwise-3x3", (2, 5, 11, 16), (3, 3, 1, 16), (1, 1), "SAME",
+                            NHWC, fgc=16)),
+    "wgmma-persistent": (A.IMPLICIT_PRECOMP_GEMM, FCase("nhwc-1x1-c64k64-many", (16, 64, 64, 64),
+                                                        (1, 1, 64, 64), (1, 1), "VALID", NHWC)),
+}
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=str)
+@pytest.mark.parametrize("path", sorted(RELU16_CASES))
+def test_relu_epilogue_in_16_bit_nan_and_negatives(path, dtype):
+  """A NaN residual stays NaN through relu, a pre-activation far below zero gives exactly 0, one
+  far above passes, no result is negative, and the rest match float64, with and without a bias."""
+  algo, case = RELU16_CASES[path]
+  for has_b in (True, False):
+    x, w, b, r = case.inputs(dtype, seed=150)
+    b = b if has_b else None
+    r = r.at[0, 0, 0, :3].set(jnp.array([jnp.nan, -1e4, 1e4], dtype))
+    y = np.asarray(jax.jit(fused(case, algo, "relu"))(x, w, bias=b, residual=r), np.float64)
+    want = _low_precision_reference(case, x, w, b, r, dtype, "relu")
+    what = f"{dtype} bias={has_b}"
+    assert np.isnan(y[0, 0, 0, 0]), what
+    assert y[0, 0, 0, 1] == 0 and y[0, 0, 0, 2] > 9e3, what
+    finite = np.isfinite(np.asarray(want))
+    assert np.array_equal(finite, np.isfinite(y)), what
+    assert np.all(y[finite] >= 0), what
+    assert_close(y[finite], np.asarray(want)[finite], tolerance(dtype), what)
+
+
 @pytest.mark.parametrize("algo", GENERAL_FAMILIES, ids=algo_id)
 def test_empty_input_with_padding_applies_the_epilogue(algo):
   """An input with no rows still has padded outputs: y = act(bias + residual) there (the CUDA
