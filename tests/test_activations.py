@@ -144,6 +144,25 @@ def test_16bit_selections_are_exact(dtype):
   same(jax.vjp(jaxdnn.relu, x)[1](ct)[0], jnp.where(x > 0, ct, jnp.zeros_like(ct)))
 
 
+@pytest.mark.skipif(PLATFORM != "cpu", reason="XLA:CPU's flush-to-zero convention")
+def test_bfloat16_rounding_bitwise_like_xla_cpu():
+  """bfloat16 results round to nearest even from float32 exactly as XLA:CPU's (the CPU kernels
+  may use AVX512-BF16's conversion, whose blocks holding a subnormal take the scalar rounding):
+  leaky_relu(x, 0.3125) (a slope that bfloat16 holds, as jax.nn rounds it) over 200 values (every
+  block position), bitwise against jax.nn, with NaNs and products in the subnormal range (which
+  both flush to -0: float32 runs flush-to-zero)."""
+  rng = np.random.RandomState(5)
+  x32 = (rng.randn(200) * 4).astype(np.float32)
+  x32[[40, 41, 107, 199]] = [-2e-38, -1.5e-38, -3e-38, -1.2e-38]
+  x32[[70, 150]] = np.nan
+  x = jnp.asarray(x32, BF16)
+  got = np.asarray(jaxdnn.leaky_relu(x, 0.3125))
+  want = np.asarray(jax.jit(lambda v: jax.nn.leaky_relu(v, 0.3125))(x))
+  finite = ~np.isnan(x32)
+  np.testing.assert_array_equal(got.view(np.uint16)[finite], want.view(np.uint16)[finite])
+  assert np.isnan(got.astype(np.float32)[~finite]).all()
+
+
 @pytest.mark.parametrize("dtype", (F64, F32), ids=str)
 def test_nan_and_inf_like_jax_nn(dtype):
   x = jnp.array([np.nan, np.inf, -np.inf, 0.0, 1.0, -1.0, 1e30, -1e30], dtype)
