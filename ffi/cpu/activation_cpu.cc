@@ -45,7 +45,20 @@ inline void compute(const C* __restrict s, const C* __restrict dy, C* __restrict
                     C p) {
   if constexpr (kOp == Op::kForward) {
     (void)dy;
-    for (int64_t i = 0; i < n; ++i) out[i] = pointwise<kOp, kA, C>(s[i], p);
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    if constexpr (kA == Activation::kClippedRelu && std::is_same_v<C, float>) {
+      // max(0, min(p, x)), constants first: vminps / vmaxps return their second operand for a
+      // NaN and for equal values, which is activation.h's clipped_relu exactly for a positive
+      // ceiling (NaN and -0 pass through). The compiler's selects took 3x as long (0.155
+      // against 0.048 ns per value, L1).
+      const __m512 zero = _mm512_setzero_ps(), ceiling = _mm512_set1_ps(p);
+      for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i,
+                         _mm512_max_ps(zero, _mm512_min_ps(ceiling, _mm512_loadu_ps(s + i))));
+    }
+#endif
+    for (; i < n; ++i) out[i] = pointwise<kOp, kA, C>(s[i], p);
   } else if constexpr ((kOp == Op::kGradInput || kOp == Op::kGradOutput) &&
                        (kA == Activation::kRelu || kA == Activation::kClippedRelu)) {
     // jax.nn.relu and relu6 select the cotangent (a NaN or inf dy outside the linear piece
