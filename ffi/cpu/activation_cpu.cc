@@ -227,6 +227,24 @@ void select_mask(const uint8_t* __restrict bits, const C* __restrict dy, C* __re
   }
 }
 
+// The selecting kinds' backward on 16-bit storage: dx = bit ? dy : +0 moves the 16-bit values
+// themselves (32 per masked move), with no conversion to float32 and back.
+template <typename S>
+void select_mask16(const uint8_t* __restrict bits, const S* __restrict dy, S* __restrict dx,
+                   int64_t n) {
+  static_assert(sizeof(S) == 2, "16-bit storage");
+  int64_t i = 0;
+#if defined(__AVX512BW__)
+  for (; i + 32 <= n; i += 32) {
+    uint32_t word;
+    std::memcpy(&word, bits + i / 8, 4);
+    _mm512_storeu_si512(dx + i, _mm512_maskz_mov_epi16(_cvtu32_mask32(word),
+                                                       _mm512_loadu_si512(dy + i)));
+  }
+#endif
+  for (; i < n; ++i) dx[i] = ((bits[i / 8] >> (i % 8)) & 1) ? dy[i] : S{0};
+}
+
 // One span of n elements whose mask starts at a byte boundary: a whole row, or (rows of a
 // multiple of 8 elements) any run of whole bytes.
 template <typename S, Activation kA>
@@ -248,6 +266,7 @@ void mask_span(const S* in, S* out, uint8_t* bits, int64_t n, double param, bool
     // 16-bit storage: float32 blocks (kBlock is a multiple of 8, so each starts a mask byte).
     // Selected elements, 0 and (forward) the inputs are exact; leaky_relu's products and a
     // clipped_relu ceiling that the storage type cannot hold round.
+    if (backward && kA != Activation::kLeakyRelu) return select_mask16(bits, in, out, n);
     bool exact = kA == Activation::kRelu || (backward && kA == Activation::kClippedRelu);
     if constexpr (kA == Activation::kClippedRelu) {
       if (!backward) exact = f16::load(f16::store<S>(p)) == p;
