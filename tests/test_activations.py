@@ -163,6 +163,37 @@ def test_bfloat16_rounding_bitwise_like_xla_cpu():
   assert np.isnan(got.astype(np.float32)[~finite]).all()
 
 
+@pytest.mark.parametrize("dtype", (BF16, F16), ids=str)
+def test_16bit_relu_and_clipped_relu_over_every_word(dtype):
+  """Every 16-bit word but the subnormals (NaNs, infinities, +-0, normals) through relu and
+  clipped_relu (a ceiling the type holds, 6, and one it does not, 2.4), forward and mask
+  derivative, bitwise against activation.h's formulas evaluated in float32 (the CPU kernels
+  select on the 16-bit words themselves where they can). Subnormal inputs are left out: the
+  float32 paths see them as zeros where the thread runs denormals-are-zero, as XLA:CPU's do."""
+  words = np.arange(1 << 16, dtype=np.uint16)
+  mag = words.view(dtype).astype(np.float32)
+  words = words[~((mag != 0) & (np.abs(mag) < np.finfo(dtype).smallest_normal))]
+  x = jnp.asarray(words.view(dtype))
+  x32 = words.view(dtype).astype(np.float32)
+  nan = np.isnan(x32)
+  cases = [("relu", jaxdnn.relu, np.where(x32 > 0, x32, np.where(nan, x32, 0)), x32 > 0)]
+  for c in (6.0, 2.4):
+    c32 = np.float32(c)
+    y = np.where(nan, x32, np.where(x32 < 0, 0, np.where(x32 > c32, c32, x32)))
+    cases.append((f"clipped_relu({c})", functools.partial(jaxdnn.clipped_relu, ceiling=c), y,
+                  (x32 > 0) & (x32 < c32)))
+  for name, fn, want, slope in cases:
+    y, vjp = jax.vjp(fn, x)
+    with np.errstate(invalid="ignore"):  # NaN words: compared apart
+      want16 = want.astype(np.float32).astype(dtype)
+    y = np.asarray(y)
+    np.testing.assert_array_equal(np.isnan(y.astype(np.float32)), nan, err_msg=name)
+    np.testing.assert_array_equal(y.view(np.uint16)[~nan], want16.view(np.uint16)[~nan],
+                                  err_msg=name)
+    g = np.asarray(vjp(jnp.ones_like(x))[0], np.float32)
+    np.testing.assert_array_equal(g, slope.astype(np.float32), err_msg=f"{name} derivative")
+
+
 @pytest.mark.parametrize("dtype", (F64, F32), ids=str)
 def test_nan_and_inf_like_jax_nn(dtype):
   x = jnp.array([np.nan, np.inf, -np.inf, 0.0, 1.0, -1.0, 1e30, -1e30], dtype)

@@ -80,6 +80,98 @@ constexpr bool kSelects =
     ((kA == Activation::kRelu || kA == Activation::kClippedRelu) &&
      (kOp == Op::kForward || kOp == Op::kGradInput || kOp == Op::kGradOutput));
 
+// relu and clipped_relu forwards on 16-bit storage, in the integer domain: the words of
+// non-negative values order as the values, so the result and the mask bit come from unsigned
+// range tests of the 16-bit words, 32 at a time, with no float32 round trip. With u the word,
+// inf the word of +inf and c that of the ceiling (clipped_relu, a value the type holds):
+//   u a negative non-NaN (relu: [0x8000, 0x8000 | inf]; clipped_relu: from 0x8001, since
+//   activation.h gives -0 back there)        -> +0
+//   u in [c, inf] (clipped_relu)             -> c
+//   anything else (NaN included)             -> u
+//   mask bit: u in [1, inf] (relu, x > 0) or [1, c - 1] (clipped_relu, 0 < x < c).
+struct Select16 {
+  uint16_t neg_lo, neg_hi;  // the words that become +0
+  uint16_t clip_lo, clip_hi;  // the words that become the ceiling (empty: lo > hi)
+  uint16_t bit_hi;            // mask bit for u in [1, bit_hi]
+};
+
+template <typename S, Activation kA>
+Select16 select16_of(uint16_t ceiling_word) {
+  const uint16_t inf = std::is_same_v<S, BF16> ? 0x7f80 : 0x7c00;
+  if constexpr (kA == Activation::kRelu)
+    return {0x8000, static_cast<uint16_t>(0x8000 | inf), 1, 0, inf};
+  return {0x8001, static_cast<uint16_t>(0x8000 | inf), ceiling_word, inf,
+          static_cast<uint16_t>(ceiling_word - 1)};
+}
+
+inline bool in_range16(uint16_t u, uint16_t lo, uint16_t hi) {
+  return static_cast<uint16_t>(u - lo) <= static_cast<uint16_t>(hi - lo) && lo <= hi;
+}
+
+// out[i] (and, with bits, the mask bits from bit 0 of bits[0]) for n words of in.
+template <typename S>
+void forward_select16(const S* __restrict in, S* __restrict out, uint8_t* __restrict bits,
+                      int64_t n, Select16 t) {
+  const uint16_t* u = reinterpret_cast<const uint16_t*>(in);
+  uint16_t* o = reinterpret_cast<uint16_t*>(out);
+  auto one = [&](uint16_t w, bool& bit) {
+    bit = in_range16(w, 1, t.bit_hi);
+    if (in_range16(w, t.neg_lo, t.neg_hi)) return uint16_t{0};
+    return in_range16(w, t.clip_lo, t.clip_hi) ? t.clip_lo : w;
+  };
+  int64_t i = 0;
+#if defined(__AVX512BW__)
+  const __m512i neg_lo = _mm512_set1_epi16(static_cast<short>(t.neg_lo));
+  const __m512i neg_w = _mm512_set1_epi16(static_cast<short>(t.neg_hi - t.neg_lo));
+  const __m512i clip_lo = _mm512_set1_epi16(static_cast<short>(t.clip_lo));
+  const __m512i clip_w = _mm512_set1_epi16(static_cast<short>(t.clip_hi - t.clip_lo));
+  const __m512i one16 = _mm512_set1_epi16(1);
+  const __m512i bit_w = _mm512_set1_epi16(static_cast<short>(t.bit_hi - 1));
+  const bool clips = t.clip_lo <= t.clip_hi;
+  for (; i + 32 <= n; i += 32) {
+    const __m512i w = _mm512_loadu_si512(u + i);
+    // lo <= w <= hi  <=>  (w - lo) <= (hi - lo), unsigned
+    const __mmask32 neg = _mm512_cmple_epu16_mask(_mm512_sub_epi16(w, neg_lo), neg_w);
+    __m512i y = _mm512_maskz_mov_epi16(static_cast<__mmask32>(~neg), w);
+    if (clips)
+      y = _mm512_mask_mov_epi16(
+          y, _mm512_cmple_epu16_mask(_mm512_sub_epi16(w, clip_lo), clip_w), clip_lo);
+    _mm512_storeu_si512(o + i, y);
+    if (bits) {
+      const uint32_t word = _cvtmask32_u32(_mm512_cmple_epu16_mask(_mm512_sub_epi16(w, one16),
+                                                                   bit_w));
+      std::memcpy(bits + i / 8, &word, 4);
+    }
+  }
+#endif
+  for (; i < n; i += 8) {
+    unsigned byte = 0;
+    const int k_end = static_cast<int>(std::min<int64_t>(8, n - i));
+    for (int k = 0; k < k_end; ++k) {
+      bool bit;
+      o[i + k] = one(u[i + k], bit);
+      byte |= unsigned(bit) << k;
+    }
+    if (bits) bits[i / 8] = static_cast<uint8_t>(byte);
+  }
+}
+
+// The integer-domain table for (S, kA)'s forward with ceiling p, or false where it does not
+// apply (float storage, another kind, a ceiling the type cannot hold).
+template <typename S, Activation kA>
+bool select16_table(double param, Select16* t) {
+  if constexpr (sizeof(S) != 2 ||
+                !(kA == Activation::kRelu || kA == Activation::kClippedRelu)) {
+    return false;
+  } else {
+    const float p = static_cast<float>(param);
+    const S c = f16::store<S>(p);
+    if (kA == Activation::kClippedRelu && !(f16::load(c) == p && p > 0)) return false;
+    *t = select16_of<S, kA>(c.bits);
+    return true;
+  }
+}
+
 template <typename S, Op kOp, Activation kA>
 void run_range(const S* s, const S* dy, S* out, int64_t begin, int64_t end, double param) {
   using C = f16::Compute<S>;
@@ -88,6 +180,11 @@ void run_range(const S* s, const S* dy, S* out, int64_t begin, int64_t end, doub
     compute<kOp, kA, C>(s + begin, kOp == Op::kForward ? nullptr : dy + begin, out + begin,
                         end - begin, p);
   } else {
+    if constexpr (kOp == Op::kForward) {
+      Select16 t;
+      if (select16_table<S, kA>(param, &t))
+        return forward_select16(s + begin, out + begin, nullptr, end - begin, t);
+    }
     alignas(64) float sb[kBlock], db[kBlock], ob[kBlock];
     bool exact = kSelects<kOp, kA>;
     if constexpr (kA == Activation::kClippedRelu && kOp == Op::kForward)
@@ -267,6 +364,8 @@ void mask_span(const S* in, S* out, uint8_t* bits, int64_t n, double param, bool
     // Selected elements, 0 and (forward) the inputs are exact; leaky_relu's products and a
     // clipped_relu ceiling that the storage type cannot hold round.
     if (backward && kA != Activation::kLeakyRelu) return select_mask16(bits, in, out, n);
+    if (Select16 t; !backward && select16_table<S, kA>(param, &t))
+      return forward_select16(in, out, bits, n, t);
     bool exact = kA == Activation::kRelu || (backward && kA == Activation::kClippedRelu);
     if constexpr (kA == Activation::kClippedRelu) {
       if (!backward) exact = f16::load(f16::store<S>(p)) == p;
