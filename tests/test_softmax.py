@@ -182,16 +182,22 @@ def test_jit_and_hlo():
   assert "jaxdnn_softmax_bwd" in hlo
 
 
+@pytest.mark.parametrize("dtype", (F32, BF16), ids=str)
 @pytest.mark.parametrize("n", (17, 64, 256, 300))
 @pytest.mark.parametrize("name", ("softmax", "log_softmax"))
-def test_row_independent_of_its_neighbours(name, n):
-  """A row's result is bitwise the same alone and among other rows: the CPU runs short rows
-  four at a time, and threads split the rows differently on every machine."""
-  fn = jax.jit(getattr(jaxdnn, name))
-  x = _x((7, n), F32)
-  together = np.asarray(fn(x))
+def test_row_independent_of_its_neighbours(name, n, dtype):
+  """A row's result and its gradient are bitwise the same alone and among other rows: the CPU
+  runs short rows four at a time, forward and backward, and threads split the rows differently
+  on every machine."""
+  f = getattr(jaxdnn, name)
+  fn = jax.jit(f)
+  bwd = jax.jit(lambda a, c: jax.vjp(f, a)[1](c)[0])
+  x, ct = _x((7, n), dtype), _x((7, n), dtype, seed=3)
+  together, grads = np.asarray(fn(x)), np.asarray(bwd(x, ct))
   for i in range(7):
     np.testing.assert_array_equal(np.asarray(fn(x[i:i + 1]))[0], together[i], err_msg=f"row {i}")
+    np.testing.assert_array_equal(np.asarray(bwd(x[i:i + 1], ct[i:i + 1]))[0], grads[i],
+                                  err_msg=f"gradient of row {i}")
 
 
 @pytest.mark.parametrize("shape,axis", [((0, 5), -1), ((3, 0), -1), ((0, 5), 0), ((2, 0, 3), 1),
