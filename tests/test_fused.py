@@ -307,8 +307,9 @@ def test_kernel_path_wgmma_persistent_tiles():
     assert_close(y, want, tolerance(dtype), str(dtype))
 
 
-# 16-bit relu epilogues on the GPU's DIRECT depthwise kernel and the wgmma kernel's persistent
-# walk (a 1x1 layer with more tiles than resident CTAs); the CPU families on the CPU.
+# Paths whose 16-bit stores apply a relu epilogue in the rounding (cvt.rn.relu on the GPU):
+# DIRECT's depthwise kernel (whose accumulators also start at the biases) and the wgmma kernel's
+# persistent walk (non-last tiles through a 16-bit C tile in shared memory).
 RELU16_CASES = {
     "dws": (A.DIRECT, FCase("nhwc-depthwise-3x3", (2, 5, 11, 16), (3, 3, 1, 16), (1, 1), "SAME",
                             NHWC, fgc=16)),

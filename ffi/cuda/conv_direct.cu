@@ -117,37 +117,38 @@ __device__ __forceinline__ void load4(const H* p, float* o) {
   unpack2(v.y, o + 2, (H*)nullptr);
 }
 
-__device__ __forceinline__ uint32_t pack2(float a, float b, __nv_bfloat16*) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-__device__ __forceinline__ uint32_t pack2(float a, float b, __half*) {
-  __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&h);
+// a, b rounded to the 16-bit type H, packed (a in the low half); relu applied when asked
+// (pack2_16, epilogue.cuh).
+template <typename H>
+__device__ __forceinline__ uint32_t pack2(float a, float b, H*, bool relu = false) {
+  static_assert(std::is_same_v<H, __half> || std::is_same_v<H, __nv_bfloat16>, "16-bit type");
+  return pack2_16(a, b, std::is_same_v<H, __half>, relu);
 }
 
-// Store n (4 or 8, n * sizeof(T) a multiple of 8) values, as T or (out_f32) as float.
+// Store n (4 or 8, n * sizeof(T) a multiple of 8) values, as T or (out_f32) as float; relu16
+// (16-bit T only) applies a relu in the conversion.
 template <int n>
-__device__ __forceinline__ void store_vec(float* dst, const float* v, bool) {
+__device__ __forceinline__ void store_vec(float* dst, const float* v, bool, bool = false) {
 #pragma unroll
   for (int i = 0; i < n; i += 4)
     *reinterpret_cast<float4*>(dst + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
 }
 template <int n, typename H>
-__device__ __forceinline__ void store_vec(H* dst, const float* v, bool out_f32) {
+__device__ __forceinline__ void store_vec(H* dst, const float* v, bool out_f32,
+                                          bool relu16 = false) {
   if (out_f32) {
     store_vec<n>(reinterpret_cast<float*>(dst), v, true);
     return;
   }
   if constexpr (n == 8) {
     uint4 u;
-    u.x = pack2(v[0], v[1], (H*)nullptr), u.y = pack2(v[2], v[3], (H*)nullptr);
-    u.z = pack2(v[4], v[5], (H*)nullptr), u.w = pack2(v[6], v[7], (H*)nullptr);
+    u.x = pack2(v[0], v[1], (H*)nullptr, relu16), u.y = pack2(v[2], v[3], (H*)nullptr, relu16);
+    u.z = pack2(v[4], v[5], (H*)nullptr, relu16), u.w = pack2(v[6], v[7], (H*)nullptr, relu16);
     *reinterpret_cast<uint4*>(dst) = u;
   } else {
     static_assert(n == 4, "");
     uint2 u;
-    u.x = pack2(v[0], v[1], (H*)nullptr), u.y = pack2(v[2], v[3], (H*)nullptr);
+    u.x = pack2(v[0], v[1], (H*)nullptr, relu16), u.y = pack2(v[2], v[3], (H*)nullptr, relu16);
     *reinterpret_cast<uint2*>(dst) = u;
   }
 }
@@ -611,7 +612,12 @@ __global__ void __launch_bounds__(kDwsThreads, (S == 7 && sizeof(T) == 4) ? 1 : 
   // Epilogue operands loaded ahead, raw (epilogue.cuh): the thread's V biases, the same at every
   // pixel it stores, once; a strip's residuals before its first store. Only where the registers
   // allow (ptxas, sm_90a: the 16-bit 7-wide kernels spill with either, f32 with the residuals).
+  // The kernel is issue-bound, and the epilogue's adds and selects were 16 of ~130 instructions
+  // per output pixel (bf16, 3x3), so the biases start the accumulators (kBiasInAcc; not in the
+  // 16-bit 5-wide kernels, which spilled 16 bytes so), and a relu goes into the 16-bit
+  // conversion of the store (pack2_16).
   constexpr bool kBiasOnce = !(S == 7 && sizeof(T) == 2);
+  constexpr bool kBiasInAcc = kBiasOnce && !(S == 5 && sizeof(T) == 2);
   constexpr bool kResidualsAhead = sizeof(T) == 2 && S != 7;
   const bool bias_raw = kBiasOnce && a.epi.on && a.epi.bias && epi_raw16_ok<V>(a.epi, c0);
   const uint4 braw = bias_raw ? epi_raw16_load<V>(a.epi.bias, c0) : make_uint4(0u, 0u, 0u, 0u);
@@ -620,11 +626,15 @@ __global__ void __launch_bounds__(kDwsThreads, (S == 7 && sizeof(T) == 4) ? 1 : 
     int n, z, p, ws;
     dws_decode(sidx, a, small, n, z, p, ws);
     const int q0 = ws * TW;
-    float acc[TW][V];
+    float acc[TW][V], acc0[V];
+    if (kBiasInAcc && bias_raw) epi_raw16_unpack<V>(a.epi, braw, acc0);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (!(kBiasInAcc && bias_raw)) acc0[j] = 0.f;
 #pragma unroll
     for (int i = 0; i < TW; ++i)
 #pragma unroll
-      for (int j = 0; j < V; ++j) acc[i][j] = 0.f;
+      for (int j = 0; j < V; ++j) acc[i][j] = acc0[j];
 
     constexpr int NC = S > 0 ? TW + S - 1 : 1;
     const int clo = q0 * a.st[2] - a.pad[2];  // source column of (pixel 0, tap 0)
@@ -696,30 +706,34 @@ __global__ void __launch_bounds__(kDwsThreads, (S == 7 && sizeof(T) == 4) ? 1 : 
       }
     }
     const i64 obase = ((((i64)n * a.dd[0] + z) * a.dd[1] + p) * a.dd[2] + q0) * C + c0;
-    const bool res_raw =
-        kResidualsAhead && a.epi.on && a.epi.residual && epi_raw16_ok<V>(a.epi, obase);
+    // the epilogue's copy: no bias where the accumulators started at it, no relu where the
+    // store applies it (made here, after the main loop, so that it holds no registers there)
+    EpiDev epi = a.epi;
+    const bool relu16 = epi_take_relu_to_store(epi, sizeof(T) == 2 && !a.out_f32);
+    if (kBiasInAcc && bias_raw) epi.bias = nullptr;
+    const bool res_raw = kResidualsAhead && epi.on && epi.residual && epi_raw16_ok<V>(epi, obase);
     uint4 rraw[TW];
     if (res_raw) {
 #pragma unroll
       for (int i = 0; i < TW; ++i)
-        if (q0 + i < a.dd[2]) rraw[i] = epi_raw16_load<V>(a.epi.residual, obase + (i64)i * C);
+        if (q0 + i < a.dd[2]) rraw[i] = epi_raw16_load<V>(epi.residual, obase + (i64)i * C);
     }
 #pragma unroll
     for (int i = 0; i < TW; ++i) {
       if (q0 + i < a.dd[2]) {
-        if (a.epi.on) {
-          float bias[V];
-          if (bias_raw) epi_raw16_unpack<V>(a.epi, braw, bias);
-          else epi_bias_run<V>(a.epi, c0, V, bias);
+        if (epi.on) {
+          float bias[V];  // zeros when the accumulators started at the biases
+          if (!kBiasInAcc && bias_raw) epi_raw16_unpack<V>(epi, braw, bias);
+          else epi_bias_run<V>(epi, c0, V, bias);
           if (res_raw) {
             float res[V];
-            epi_raw16_unpack<V>(a.epi, rraw[i], res);
-            epi_apply_run_loaded<V>(a.epi, obase + (i64)i * C, bias, res, acc[i]);
+            epi_raw16_unpack<V>(epi, rraw[i], res);
+            epi_apply_run_loaded<V>(epi, obase + (i64)i * C, bias, res, acc[i]);
           } else {
-            epi_apply_run<V>(a.epi, obase + (i64)i * C, bias, acc[i]);
+            epi_apply_run<V>(epi, obase + (i64)i * C, bias, acc[i]);
           }
         }
-        store_vec<V>(out_ptr<T>(dst, obase + (i64)i * C, a.out_f32), acc[i], a.out_f32);
+        store_vec<V>(out_ptr<T>(dst, obase + (i64)i * C, a.out_f32), acc[i], a.out_f32, relu16);
       }
     }
   }

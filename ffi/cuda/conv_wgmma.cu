@@ -82,6 +82,8 @@ struct WgParams {
   int M, ntap, Kred, tilesM, tilesN;
   int out;  // 0: same 16-bit type as the input, 1: float32 (always for tf32)
   int pipe_bytes;  // shared memory of the pipeline stages (and C tile); the tap table follows
+  int stage16;     // persistent, 16-bit out: non-last tiles go out through a 16-bit C tile in
+                   // shared memory past the pipeline (WgCfg::C16_BYTES), 16 bytes per store
   EpiDev epi;  // fused epilogue (bias, residual, activation)
 };
 
@@ -93,6 +95,9 @@ struct WgCfg {
   static constexpr int PIPE = ST * STAGE;
   static constexpr int LDC = BN + 8;  // fp32 C tile row pitch (overlays the drained pipeline)
   static_assert(BM * LDC * 4 <= PIPE, "the C tile must fit in the pipeline buffers");
+  // 16-bit C tile of the persistent walk's non-last tiles, [BM][LDC] (a row pitch of BN + 8
+  // halves keeps the quads' 4-byte writes free of bank conflicts), 1024-byte aligned size.
+  static constexpr int C16_BYTES = (BM * LDC * 2 + 1023) / 1024 * 1024;
 };
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
@@ -119,15 +124,6 @@ __device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t
     else if constexpr (IN == kInF16) wg::mma_m64n64k16_f16(d, da, db, 1);
     else wg::mma_m64n64k16_bf16(d, da, db, 1);
   }
-}
-
-__device__ __forceinline__ uint32_t pack2(float a, float b, bool f16) {
-  if (f16) {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 template <int IN, int BM, int BN>
@@ -269,6 +265,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       for (int mb = 0; mb < BM / 64; ++mb) fence_acc(acc[mb]);
     }
 
+    // The epilogue's copy: a relu goes into the 16-bit conversion of the stores (pack2_16).
+    EpiDev epi = p.epi;
+    const bool relu16 = epi_take_relu_to_store(epi, !out32);
     // Accumulator layout (per 64-row block): warp w holds rows 16w.., lane l row l/4 (+8) and
     // columns 8j + 2(l%4) (+1) in acc[j*4 + {0,1}] (row) and acc[j*4 + {2,3}] (row + 8).
     if (tile + static_cast<int>(gridDim.x) < tiles) {
@@ -282,7 +281,12 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       // at a time (L1 hits; batched, bias + relu measured 1.24x against 1.13-1.16x). The biases
       // are reloaded per row: keeping BN / 4 of them across the rows would cost registers next
       // to the live accumulators.
-      const bool pairs16 = p.epi.on && p.epi.residual && !out32 && p.epi.aligned16;
+      const bool pairs16 = epi.on && epi.residual && !out32 && epi.aligned16;
+      // stage16: the packed pairs go to the 16-bit C tile instead, and the CTA then stores it
+      // row by row in 16-byte pieces (a quad's 4-byte stores fill half of each 32-byte sector
+      // that they touch). The next write to the C tile follows the next tile's first K step,
+      // whose barrier every thread passes only after it has read this tile.
+      unsigned short* C16 = reinterpret_cast<unsigned short*>(smem + Cf::PIPE);
 #pragma unroll
       for (int mb = 0; mb < BM / 64; ++mb) {
 #pragma unroll
@@ -301,10 +305,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
               for (int jj = 0; jj < kJ; ++jj) {
                 const int col = n_base + (j0 + jj) * 8 + (lane & 3) * 2;
                 bias_w[jj] = res_w[jj] = 0u;
-                if (col < p.Kg && p.epi.bias)
-                  bias_w[jj] = epi_pair16_load(p.epi.bias, static_cast<long long>(g) * p.Kg + col);
-                if (col < p.Kg && p.epi.residual)
-                  res_w[jj] = epi_pair16_load(p.epi.residual, row + col);
+                if (col < p.Kg && epi.bias)
+                  bias_w[jj] = epi_pair16_load(epi.bias, static_cast<long long>(g) * p.Kg + col);
+                if (col < p.Kg && epi.residual)
+                  res_w[jj] = epi_pair16_load(epi.residual, row + col);
               }
             }
 #pragma unroll
@@ -316,22 +320,41 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
               const long long off = row + col;
               if (pairs16) {
                 float v[2] = {v0, v1}, b[2], r[2];
-                epi_pair16_unpack(p.epi, bias_w[jj], b);
-                epi_pair16_unpack(p.epi, res_w[jj], r);
-                epi_apply_run_loaded<2>(p.epi, off, b, r, v);
+                epi_pair16_unpack(epi, bias_w[jj], b);
+                epi_pair16_unpack(epi, res_w[jj], r);
+                epi_apply_run_loaded<2>(epi, off, b, r, v);
                 v0 = v[0], v1 = v[1];
-              } else if (p.epi.on) {
+              } else if (epi.on) {
                 float v[2] = {v0, v1}, b[2];
-                epi_bias_run<2>(p.epi, static_cast<long long>(g) * p.Kg + col, 2, b);
-                epi_apply_run<2>(p.epi, off, b, v);
+                epi_bias_run<2>(epi, static_cast<long long>(g) * p.Kg + col, 2, b);
+                epi_apply_run<2>(epi, off, b, v);
                 v0 = v[0], v1 = v[1];
               }
               if (out32)
                 *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
+              else if (p.stage16)
+                *reinterpret_cast<uint32_t*>(C16 + (m - m_base) * Cf::LDC + (col - n_base)) =
+                    pack2_16(v0, v1, kF16, relu16);
               else
                 *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + off) =
-                    pack2(v0, v1, kF16);
+                    pack2_16(v0, v1, kF16, relu16);
             }
+          }
+        }
+      }
+      if (p.stage16) {
+        __syncthreads();
+        constexpr int CPR = BN / 8, RPP = kThreads / CPR;  // 16-byte chunks per row, rows per pass
+        const int ec = tid % CPR, col = n_base + ec * 8;
+        if (col < p.Kg) {  // Kg % 8 == 0: a chunk is inside the row or past its end
+#pragma unroll 4
+          for (int r = tid / CPR; r < BM; r += RPP) {
+            const int m = m_base + r;
+            if (m >= p.M) break;
+            *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.y) +
+                                      static_cast<long long>(m) * p.K +
+                                      static_cast<long long>(g) * p.Kg + col) =
+                *reinterpret_cast<const uint4*>(C16 + r * Cf::LDC + ec * 8);
           }
         }
       }
@@ -363,14 +386,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     const int cnt = full ? 8 : p.Kg - col;
     // this thread's 8 columns are the same on every row it stores: their biases load once
     float bias[8];
-    if (p.epi.on) epi_bias_run<8>(p.epi, static_cast<long long>(g) * p.Kg + col, cnt, bias);
+    if (epi.on) epi_bias_run<8>(epi, static_cast<long long>(g) * p.Kg + col, cnt, bias);
     // 16-bit residuals: kR rows' 16 bytes load before the first of their stores (one row at a
     // time, each load waited a DRAM latency behind the previous row's store). The compiler
     // schedules these read-only loads early, next to the live accumulators: all 16 rows, or 4 in
     // the 128 x 128 kernel, made it spill (ptxas, sm_90a).
     constexpr int kRows = (BM + RPP - 1) / RPP, kR = BM * BN >= 128 * 128 ? 2 : 4;
     const long long off0 = static_cast<long long>(g) * p.Kg + col;  // + m * K: row m's offset
-    const bool res16 = p.epi.on && p.epi.residual && full && epi_raw16_ok<8>(p.epi, off0);
+    const bool res16 = epi.on && epi.residual && full && epi_raw16_ok<8>(epi, off0);
 #pragma unroll 1
     for (int i0 = 0; i0 < kRows; i0 += kR) {
       uint4 res_raw[kR];
@@ -379,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
         for (int i = 0; i < kR; ++i) {
           const int r = er + (i0 + i) * RPP, m = m_base + r;
           if (r < BM && m < p.M)
-            res_raw[i] = epi_raw16_load<8>(p.epi.residual, static_cast<long long>(m) * p.K + off0);
+            res_raw[i] = epi_raw16_load<8>(epi.residual, static_cast<long long>(m) * p.K + off0);
         }
       }
 #pragma unroll
@@ -390,14 +413,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
         float4 lo = *reinterpret_cast<const float4*>(src);
         float4 hi = *reinterpret_cast<const float4*>(src + 4);
         const long long off = static_cast<long long>(m) * p.K + off0;
-        if (p.epi.on) {
+        if (epi.on) {
           float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
           if (res16) {
             float res[8];
-            epi_raw16_unpack<8>(p.epi, res_raw[i], res);
-            epi_apply_run_loaded<8>(p.epi, off, bias, res, v);
+            epi_raw16_unpack<8>(epi, res_raw[i], res);
+            epi_apply_run_loaded<8>(epi, off, bias, res, v);
           } else {
-            epi_apply_run<8>(p.epi, off, bias, v, cnt);
+            epi_apply_run<8>(epi, off, bias, v, cnt);
           }
           lo = make_float4(v[0], v[1], v[2], v[3]);
           hi = make_float4(v[4], v[5], v[6], v[7]);
@@ -413,10 +436,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
           }
         } else {
           uint4 pk;
-          pk.x = pack2(lo.x, lo.y, kF16);
-          pk.y = pack2(lo.z, lo.w, kF16);
-          pk.z = pack2(hi.x, hi.y, kF16);
-          pk.w = pack2(hi.z, hi.w, kF16);
+          pk.x = pack2_16(lo.x, lo.y, kF16, relu16);
+          pk.y = pack2_16(lo.z, lo.w, kF16, relu16);
+          pk.z = pack2_16(hi.x, hi.y, kF16, relu16);
+          pk.w = pack2_16(hi.z, hi.w, kF16, relu16);
           unsigned short* d = static_cast<unsigned short*>(p.y) + off;
           if (full) {
             *reinterpret_cast<uint4*>(d) = pk;
@@ -481,7 +504,7 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(e);
   const unsigned long long bit = 1ULL << (dev & 63);
-  const int smem_max = Cf::PIPE + kMaxTaps * 16;
+  const int smem_max = Cf::PIPE + Cf::C16_BYTES + kMaxTaps * 16;
   if (!(attr_done.load(std::memory_order_acquire) & bit)) {
     e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max);
     if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
@@ -491,7 +514,8 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   // reduction (a 1x1 layer over 64 channels: one step) needs less shared memory, so more CTAs
   // fit on an SM. The persistent walk cycles through every stage.
   const int steps = p.Kred / WgType<IN>::BK;
-  p.pipe_bytes = persistent ? Cf::PIPE
+  p.stage16 = p.stage16 && persistent;
+  p.pipe_bytes = persistent ? Cf::PIPE + (p.stage16 ? Cf::C16_BYTES : 0)
                             : std::max(std::min(steps, Cf::ST) * Cf::STAGE, BM * Cf::LDC * 4);
   p.pipe_bytes = (p.pipe_bytes + 1023) & ~1023;  // stages stay 1024-byte aligned (swizzle)
   const int smem = p.pipe_bytes + p.ntap * 16;
@@ -609,6 +633,11 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
   bool persistent = p.Kred / k_step(c.in) <= kPersistentMaxSteps && tile == 2;
   if (const char* f = std::getenv("JAXDNN_WGMMA_PERSISTENT"); f && (f[0] == '0' || f[0] == '1'))
     persistent = f[0] == '1';
+  // 16-bit outputs of the persistent walk through the 16-bit C tile (launch() drops it for
+  // one-tile CTAs). JAXDNN_WGMMA_STAGE16=0|1 forces it off or on (testing).
+  p.stage16 = in != kInTF32 && p.out == 0;
+  if (const char* f = std::getenv("JAXDNN_WGMMA_STAGE16"); f && (f[0] == '0' || f[0] == '1'))
+    p.stage16 = p.stage16 && f[0] == '1';
   auto run = [&](auto in_tag) {
     constexpr int I = decltype(in_tag)::value;
     if (tile == 0) return launch<I, 128, 128>(p, G, persistent, io.stream);

@@ -308,6 +308,29 @@ __device__ __forceinline__ void epi_apply_run_loaded(const EpiDev& e, long long 
   epi_detail::finish_run<n>(e, i, v, n, n == 8);
 }
 
+// relu folded into the rounding to 16 bits: cvt.rn.relu.{bf16x2,f16x2}.f32 clamps negative
+// results to 0 and keeps NaN, so it gives round(relu(z)) (rounding is monotone and keeps the
+// sign) in the conversion instruction that a 16-bit store needs anyway, instead of a compare and
+// select per value. A kernel that packs its 16-bit outputs with pack2_16 calls
+// epi_take_relu_to_store on its copy of the epilogue: that copy then leaves the relu out.
+__device__ __forceinline__ uint32_t pack2_16(float lo, float hi, bool f16, bool relu) {
+  uint32_t d;
+  if (relu) {
+    if (f16) asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  } else {
+    if (f16) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  }
+  return d;
+}
+// true (and e's activation becomes the identity) when e's relu can go to a 16-bit store.
+__device__ __forceinline__ bool epi_take_relu_to_store(EpiDev& e, bool out16) {
+  if (!e.on || !out16 || e.act != static_cast<int>(Activation::kRelu)) return false;
+  e.act = static_cast<int>(Activation::kIdentity);
+  return true;
+}
+
 // y = act(0 + bias + residual) for a convolution with an empty reduction (no input channels or
 // taps inside the input): the epilogue still applies where a plain call would write zeros.
 template <class A>

@@ -270,9 +270,13 @@ void bench(const Layer& L, FILE* csv, DType T = DType::kBF16) {
     X[i] = randbuf(p.x_elems()); W[i] = randbuf(p.w_elems()); DY[i] = randbuf(p.y_elems());
     CK(cudaMalloc(&Y[i], by)); CK(cudaMalloc(&DX[i], bx)); CK(cudaMalloc(&DW[i], bw));
   }
+  void* bias = randbuf(p.K);
   cudaStream_t s; CK(cudaStreamCreate(&s));
-  for (int op = 0; op < 3; ++op) {
-    CudaConvCall call{(ConvOp)op, ConvAlgo::kDirect, p, T, T, MathPrecision::kDefault};
+  // ops 0-2: fwd, dgrad, wgrad; 3: fwd + bias + relu; 4: fwd + bias + residual + relu (the
+  // residual is the dy buffer: output-sized)
+  for (int op = 0; op < 5; ++op) {
+    const int cop = op > 2 ? 0 : op;
+    CudaConvCall call{(ConvOp)cop, ConvAlgo::kDirect, p, T, T, MathPrecision::kDefault};
     size_t ws = workspace_bytes(call);
     void* wsp = nullptr; if (ws) CK(cudaMalloc(&wsp, ws));
     const int iters = 200;
@@ -280,7 +284,9 @@ void bench(const Layer& L, FILE* csv, DType T = DType::kBF16) {
     for (auto& e : ev) CK(cudaEventCreate(&e));
     auto launch = [&](int i) {
       int b = i % NB;
-      CudaConvBuffers io{op == 1 ? DY[b] : X[b], op == 2 ? DY[b] : W[b], op == 0 ? Y[b] : op == 1 ? DX[b] : DW[b], wsp, ws, s};
+      CudaConvBuffers io{cop == 1 ? DY[b] : X[b], cop == 2 ? DY[b] : W[b], cop == 0 ? Y[b] : cop == 1 ? DX[b] : DW[b], wsp, ws, s};
+      if (op > 2) io.epi.bias = bias, io.epi.activation = Activation::kRelu;
+      if (op == 4) io.epi.residual = DY[(b + 1) % NB];
       std::string e = run_conv(call, io);
       if (!e.empty()) { printf("bench error: %s\n", e.c_str()); exit(1); }
     };
@@ -292,15 +298,16 @@ void bench(const Layer& L, FILE* csv, DType T = DType::kBF16) {
     for (int i = 0; i < iters; ++i) CK(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
     std::sort(t.begin(), t.end());
     double med = t[iters / 2];
-    double bytes = op == 0 ? bx + bw + by : op == 1 ? by + bw + bx : bx + by + bw;
-    const char* on[3] = {"fwd", "dgrad", "wgrad"};
-    printf("BENCH %-14s %-4s %-6s median %.4f ms  min %.4f  p90 %.4f  %.0f GB/s  (%.1f MB, ws %.2f MB)\n", L.name, T == DType::kF32 ? "f32" : "bf16", on[op], med, t[0], t[iters * 9 / 10],
+    double bytes = (op == 4 ? by : 0) + (cop == 0 ? bx + bw + by : cop == 1 ? by + bw + bx : bx + by + bw);
+    const char* on[5] = {"fwd", "dgrad", "wgrad", "fwd+bias+relu", "fwd+b+res+relu"};
+    printf("BENCH %-14s %-4s %-14s median %.4f ms  min %.4f  p90 %.4f  %.0f GB/s  (%.1f MB, ws %.2f MB)\n", L.name, T == DType::kF32 ? "f32" : "bf16", on[op], med, t[0], t[iters * 9 / 10],
            bytes / (med * 1e-3) / 1e9, bytes / 1e6, ws / 1e6);
     if (csv) fprintf(csv, "%s,%s,%s,%.5f,%.5f,%.1f\n", L.name, T == DType::kF32 ? "f32" : "bf16", on[op], med, t[0], bytes / (med * 1e-3) / 1e9);
     for (auto& e : ev) CK(cudaEventDestroy(e));
     if (wsp) CK(cudaFree(wsp));
   }
   for (int i = 0; i < NB; ++i) { cudaFree(X[i]); cudaFree(W[i]); cudaFree(Y[i]); cudaFree(DX[i]); cudaFree(DY[i]); cudaFree(DW[i]); }
+  cudaFree(bias);
   cudaStreamDestroy(s);
 }
 

@@ -489,11 +489,12 @@ void run_timing(const char* layers_file, const char* csv, bool fwd_only, const s
   const std::string pick = only.empty() && fwd_only ? "bf16" : only;
   tdts.erase(std::remove_if(tdts.begin(), tdts.end(), [&](const TDt& t) { return !selected(pick, t.name); }),
              tdts.end());
-  // GEMM_TIME_EPI: "" both, "0" plain only, "1" the fused bias+relu epilogue only (profiling).
+  // GEMM_TIME_EPI: "" all three, "0" plain only, "1" the fused bias+relu epilogue only, "2" bias +
+  // residual + relu only (profiling).
   const char* epi_env = std::getenv("GEMM_TIME_EPI");
   const std::string epi_sel = epi_env ? epi_env : "";
-  printf("\n%-14s %-5s %-6s %9s %9s %9s %8s %10s %9s\n", "layer", "dtype", "op", "IG_ms", "IPG_ms",
-         "GEMM_ms", "IPG_TF/s", "IPGepi_ms", "epi/plain");
+  printf("\n%-14s %-5s %-6s %9s %9s %9s %8s %10s %9s %10s %9s\n", "layer", "dtype", "op", "IG_ms",
+         "IPG_ms", "GEMM_ms", "IPG_TF/s", "IPGepi_ms", "epi/plain", "IPGres_ms", "res/plain");
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   for (auto& L : layers) {
@@ -514,16 +515,18 @@ void run_timing(const char* layers_file, const char* csv, bool fwd_only, const s
       fill_rand<<<64, 256>>>((unsigned char*)bias, pb.K, es, 51, (int)td.in);
       for (ConvOp op : {ConvOp::kForward, ConvOp::kBackwardData, ConvOp::kBackwardFilter}) {
         if (fwd_only && op != ConvOp::kForward) continue;
-        double ms3[3] = {-1, -1, -1}, ms_epi = -1;
-        std::vector<std::pair<ConvAlgo, bool>> runs;  // (algorithm, fused bias+relu epilogue)
+        double ms3[3] = {-1, -1, -1}, ms_epi = -1, ms_res = -1;
+        // (algorithm, epilogue: 0 none, 1 bias + relu, 2 bias + residual + relu)
+        std::vector<std::pair<ConvAlgo, int>> runs;
         for (ConvAlgo al : td.algos) {
-          if (epi_sel != "1") runs.push_back({al, false});
-          if (epi_sel != "0" && op == ConvOp::kForward && al == ConvAlgo::kImplicitPrecompGemm)
-            runs.push_back({al, true});
+          if (epi_sel == "" || epi_sel == "0") runs.push_back({al, 0});
+          if (op == ConvOp::kForward && al == ConvAlgo::kImplicitPrecompGemm)
+            for (int ek : {1, 2})
+              if (epi_sel == "" || epi_sel == std::to_string(ek)) runs.push_back({al, ek});
         }
         for (const auto& run : runs) {
           const ConvAlgo al = run.first;
-          const bool with_epi = run.second;
+          const int epi_kind = run.second;
           CudaConvCall call{op, al, pb, td.in, td.in, td.pr};
           std::string why = gemm_family_can_implement(call);
           if (!why.empty()) { printf("  reject %s: %s\n", L.name.c_str(), why.c_str()); continue; }
@@ -534,7 +537,8 @@ void run_timing(const char* layers_file, const char* csv, bool fwd_only, const s
             const void* a = op == ConvOp::kBackwardData ? y[s] : x[s];
             const void* b = op == ConvOp::kBackwardFilter ? y[s] : w[s];
             CudaConvBuffers io{a, b, o, ws, wsb, 0};
-            if (with_epi) io.epi.bias = bias, io.epi.activation = Activation::kRelu;
+            if (epi_kind) io.epi.bias = bias, io.epi.activation = Activation::kRelu;
+            if (epi_kind == 2) io.epi.residual = y[(s + 1) % NS];
             std::string err = gemm_family_run(call, io);
             if (!err.empty()) { printf("run error: %s\n", err.c_str()); exit(3); }
           };
@@ -554,16 +558,17 @@ void run_timing(const char* layers_file, const char* csv, bool fwd_only, const s
           std::sort(ts.begin(), ts.end());
           double med = ts[ts.size() / 2];
           int ai = al == ConvAlgo::kImplicitGemm ? 0 : al == ConvAlgo::kImplicitPrecompGemm ? 1 : 2;
-          (with_epi ? ms_epi : ms3[ai]) = med;
+          (epi_kind == 2 ? ms_res : epi_kind == 1 ? ms_epi : ms3[ai]) = med;
           double tf = 2.0 * pb.macs() / (med * 1e-3) / 1e12;
           if (fc) fprintf(fc, "%s,%s,%s,%s%s,%.4f,%.1f,%zu\n", L.name.c_str(), td.name, op_s(op), algo_s(al),
-                          with_epi ? "+bias+relu" : "", med, tf, wsb);
+                          epi_kind == 2 ? "+bias+res+relu" : epi_kind ? "+bias+relu" : "", med, tf, wsb);
           if (ws) CK(cudaFree(ws));
         }
         double tf = ms3[1] > 0 ? 2.0 * pb.macs() / (ms3[1] * 1e-3) / 1e12 : 0;
-        printf("%-14s %-5s %-6s %9.4f %9.4f %9.4f %8.1f %10.4f %9.3f\n", L.name.c_str(), td.name,
-               op_s(op), ms3[0], ms3[1], ms3[2], tf, ms_epi,
-               ms_epi > 0 && ms3[1] > 0 ? ms_epi / ms3[1] : -1.0);
+        printf("%-14s %-5s %-6s %9.4f %9.4f %9.4f %8.1f %10.4f %9.3f %10.4f %9.3f\n", L.name.c_str(),
+               td.name, op_s(op), ms3[0], ms3[1], ms3[2], tf, ms_epi,
+               ms_epi > 0 && ms3[1] > 0 ? ms_epi / ms3[1] : -1.0, ms_res,
+               ms_res > 0 && ms3[1] > 0 ? ms_res / ms3[1] : -1.0);
         fflush(stdout);
       }
       for (int s = 0; s < NS; ++s) { cudaFree(x[s]); cudaFree(w[s]); cudaFree(y[s]); }
