@@ -19,9 +19,11 @@
 // Persistent mode (short reductions, e.g. a 1x1 layer with 64 input channels: one K step per
 // tile, so a CTA would load, multiply and store with nothing overlapping): a grid of at most the
 // resident CTAs walks the tiles (tile = blockIdx.x, += gridDim.x) and the cp.async loader runs
-// ST - 1 K steps ahead across tile boundaries, so the next tile's operands are in flight while this tile's
-// epilogue runs. That epilogue stores straight from the accumulator registers (the pipeline
-// buffers are busy); only a CTA's last tile, with the pipeline drained, takes the staged one.
+// ST - 1 K steps ahead across tile boundaries, so the next tile's operands are in flight while this
+// tile's values go out straight from the accumulator registers (the pipeline buffers are busy);
+// only a CTA's last tile, with the pipeline drained, is staged. Not with a fused epilogue: there
+// every CTA has one tile, whose biases and residuals it copies into shared memory during its K
+// loop (WgParams::epi_smem).
 //
 // Taken when (wgmma_fwd_reason() == ""): forward, bf16/f16 in with out = in or f32, or f32 in and
 // out at precision != HIGHEST; NHWC, unit lhs dilation, Cg % BK == 0 (a K step never straddles two
@@ -61,6 +63,7 @@ constexpr int kThreads = 128;  // one warpgroup
 constexpr int kMaxTaps = 256;
 constexpr int kPersistentMaxSteps = 4;  // K steps per tile up to which the grid is persistent
 constexpr int kRowBytes = 128;  // K per stage (a K step): one 128-byte swizzle row per tile row
+constexpr int kEpiBiasBytes = 512;  // a tile's biases in shared memory: 128 float32 values
 
 // Input kinds: the wgmma flavour and the element type of x and the transposed filter.
 enum WgIn { kInBF16, kInF16, kInTF32 };
@@ -82,9 +85,11 @@ struct WgParams {
   int M, ntap, Kred, tilesM, tilesN;
   int out;  // 0: same 16-bit type as the input, 1: float32 (always for tf32)
   int pipe_bytes;  // shared memory of the pipeline stages (and C tile); the tap table follows
-  int stage16;     // persistent, 16-bit out: non-last tiles go out through a 16-bit C tile in
-                   // shared memory past the pipeline (WgCfg::C16_BYTES), 16 bytes per store
-  EpiDev epi;  // fused epilogue (bias, residual, activation)
+  // One tile per CTA with an epilogue: byte offset (past the pipeline) of the tile's biases
+  // (kEpiBiasBytes) and, for 16-bit outputs, its residuals ([BM][BN] 16-bit values), which the
+  // CTA copies into shared memory while its K loop runs; 0: none.
+  int epi_smem;
+  EpiDev epi;  // fused epilogue (bias, residual, activation); never with the persistent walk
 };
 
 template <int BM, int BN>
@@ -95,9 +100,7 @@ struct WgCfg {
   static constexpr int PIPE = ST * STAGE;
   static constexpr int LDC = BN + 8;  // fp32 C tile row pitch (overlays the drained pipeline)
   static_assert(BM * LDC * 4 <= PIPE, "the C tile must fit in the pipeline buffers");
-  // 16-bit C tile of the persistent walk's non-last tiles, [BM][LDC] (a row pitch of BN + 8
-  // halves keeps the quads' 4-byte writes free of bank conflicts), 1024-byte aligned size.
-  static constexpr int C16_BYTES = (BM * LDC * 2 + 1023) / 1024 * 1024;
+  static constexpr int RES_BYTES = BM * BN * 2;  // a tile of 16-bit residuals (epi_smem)
 };
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
@@ -232,6 +235,36 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   float acc[BM / 64][BN / 2];
 #pragma unroll
   for (int s = 0; s < ST - 1; ++s) load_next(s);
+  // One tile per CTA with an epilogue (epi_smem): the tile's biases and 16-bit residuals go to
+  // shared memory in one more cp.async group, in flight during the K loop, so that the epilogue
+  // finds them there. Loaded at the epilogue instead, each row's residuals waited a DRAM latency
+  // (two rows in flight per thread: 2 CTAs x 128 threads x 32 bytes per SM; H200, bf16
+  // r50_c2_1x1_up, 1 K step: bias + relu + residual took 1.69x the plain convolution). The
+  // group goes after the prologue's, so the first K steps wait one stage further ahead.
+  const bool epi_smem = p.epi_smem != 0;
+  if (epi_smem) {
+    const int m_base = (blockIdx.x / p.tilesN) * BM, n_base = (blockIdx.x % p.tilesN) * BN;
+    const long long col0 = static_cast<long long>(g) * p.Kg + n_base;
+    unsigned char* es = smem + p.epi_smem;
+    if (p.epi.bias) {  // the output's dtype: float32 (4 values per 16 bytes) or 16-bit (8)
+      const int per = out32 ? 4 : 8;
+      const char* b = static_cast<const char*>(p.epi.bias);
+      for (int c = tid; c < BN / per; c += kThreads) {
+        const bool v = n_base + c * per < p.Kg;
+        cp_async16(es + c * 16, b + (v ? (col0 + c * per) * (16 / per) : 0), v);
+      }
+    }
+    if (p.epi.residual && !out32) {
+      const unsigned short* res = static_cast<const unsigned short*>(p.epi.residual);
+      for (int c = tid; c < BM * BN / 8; c += kThreads) {
+        const int r = c / (BN / 8), cc = c % (BN / 8), m = m_base + r;
+        const bool v = m < p.M && n_base + cc * 8 < p.Kg;
+        cp_async16(es + kEpiBiasBytes + c * 16,
+                   res + (v ? static_cast<long long>(m) * p.K + col0 + cc * 8 : 0), v);
+      }
+    }
+    cp_async_commit();
+  }
   int step = 0;  // K steps multiplied so far by this CTA: the stage ring position
   const int warp = tid >> 5, lane = tid & 31;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -265,28 +298,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       for (int mb = 0; mb < BM / 64; ++mb) fence_acc(acc[mb]);
     }
 
-    // The epilogue's copy: a relu goes into the 16-bit conversion of the stores (pack2_16).
-    EpiDev epi = p.epi;
-    const bool relu16 = epi_take_relu_to_store(epi, !out32);
     // Accumulator layout (per 64-row block): warp w holds rows 16w.., lane l row l/4 (+8) and
     // columns 8j + 2(l%4) (+1) in acc[j*4 + {0,1}] (row) and acc[j*4 + {2,3}] (row + 8).
     if (tile + static_cast<int>(gridDim.x) < tiles) {
-      // Not this CTA's last tile: the next tile's loads are in flight in the pipeline buffers,
-      // so the values go out from the registers, two channels (4 or 8 bytes) per store.
-      // Kg % 8 == 0 and even columns keep every pair inside one row and aligned.
-      // 16-bit residuals: a row's residual (and bias) pairs are loaded before its first store
-      // (epi_pair16_load); one pair at a time, each residual load waited a DRAM latency behind
-      // the previous store (H200, bf16 r50_c2_1x1_up: bias + relu + residual 1.96x the plain
-      // convolution, 1.64x with the loads ahead). Without a residual the pairs' biases load one
-      // at a time (L1 hits; batched, bias + relu measured 1.24x against 1.13-1.16x). The biases
-      // are reloaded per row: keeping BN / 4 of them across the rows would cost registers next
-      // to the live accumulators.
-      const bool pairs16 = epi.on && epi.residual && !out32 && epi.aligned16;
-      // stage16: the packed pairs go to the 16-bit C tile instead, and the CTA then stores it
-      // row by row in 16-byte pieces (a quad's 4-byte stores fill half of each 32-byte sector
-      // that they touch). The next write to the C tile follows the next tile's first K step,
-      // whose barrier every thread passes only after it has read this tile.
-      unsigned short* C16 = reinterpret_cast<unsigned short*>(smem + Cf::PIPE);
+      // Persistent walk (never with an epilogue), not this CTA's last tile: the next tile's loads
+      // are in flight in the pipeline buffers, so the values go out from the registers, two
+      // channels (4 or 8 bytes) per store. Kg % 8 == 0 and even columns keep every pair inside
+      // one row and aligned.
 #pragma unroll
       for (int mb = 0; mb < BM / 64; ++mb) {
 #pragma unroll
@@ -294,67 +312,16 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
           const int m = m_base + mb * 64 + warp * 16 + (lane >> 2) + 8 * half;
           if (m >= p.M) continue;
           const long long row = static_cast<long long>(m) * p.K + static_cast<long long>(g) * p.Kg;
-          // in chunks of kJ pairs: 2 kJ registers next to the live accumulators (128 x 128
-          // tiles: 128 accumulators, 243 registers before these loads; kJ = 8 spilled there)
-          constexpr int kJ = BM * BN >= 128 * 128 ? 4 : (BN / 8 < 8 ? BN / 8 : 8);
 #pragma unroll
-          for (int j0 = 0; j0 < BN / 8; j0 += kJ) {
-            uint32_t bias_w[kJ], res_w[kJ];
-            if (pairs16) {
-#pragma unroll
-              for (int jj = 0; jj < kJ; ++jj) {
-                const int col = n_base + (j0 + jj) * 8 + (lane & 3) * 2;
-                bias_w[jj] = res_w[jj] = 0u;
-                if (col < p.Kg && epi.bias)
-                  bias_w[jj] = epi_pair16_load(epi.bias, static_cast<long long>(g) * p.Kg + col);
-                if (col < p.Kg && epi.residual)
-                  res_w[jj] = epi_pair16_load(epi.residual, row + col);
-              }
-            }
-#pragma unroll
-            for (int jj = 0; jj < kJ; ++jj) {
-              const int j = j0 + jj;
-              const int col = n_base + j * 8 + (lane & 3) * 2;
-              if (col >= p.Kg) break;
-              float v0 = acc[mb][j * 4 + 2 * half], v1 = acc[mb][j * 4 + 2 * half + 1];
-              const long long off = row + col;
-              if (pairs16) {
-                float v[2] = {v0, v1}, b[2], r[2];
-                epi_pair16_unpack(epi, bias_w[jj], b);
-                epi_pair16_unpack(epi, res_w[jj], r);
-                epi_apply_run_loaded<2>(epi, off, b, r, v);
-                v0 = v[0], v1 = v[1];
-              } else if (epi.on) {
-                float v[2] = {v0, v1}, b[2];
-                epi_bias_run<2>(epi, static_cast<long long>(g) * p.Kg + col, 2, b);
-                epi_apply_run<2>(epi, off, b, v);
-                v0 = v[0], v1 = v[1];
-              }
-              if (out32)
-                *reinterpret_cast<float2*>(static_cast<float*>(p.y) + off) = make_float2(v0, v1);
-              else if (p.stage16)
-                *reinterpret_cast<uint32_t*>(C16 + (m - m_base) * Cf::LDC + (col - n_base)) =
-                    pack2_16(v0, v1, kF16, relu16);
-              else
-                *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + off) =
-                    pack2_16(v0, v1, kF16, relu16);
-            }
-          }
-        }
-      }
-      if (p.stage16) {
-        __syncthreads();
-        constexpr int CPR = BN / 8, RPP = kThreads / CPR;  // 16-byte chunks per row, rows per pass
-        const int ec = tid % CPR, col = n_base + ec * 8;
-        if (col < p.Kg) {  // Kg % 8 == 0: a chunk is inside the row or past its end
-#pragma unroll 4
-          for (int r = tid / CPR; r < BM; r += RPP) {
-            const int m = m_base + r;
-            if (m >= p.M) break;
-            *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.y) +
-                                      static_cast<long long>(m) * p.K +
-                                      static_cast<long long>(g) * p.Kg + col) =
-                *reinterpret_cast<const uint4*>(C16 + r * Cf::LDC + ec * 8);
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = n_base + j * 8 + (lane & 3) * 2;
+            if (col >= p.Kg) break;
+            const float v0 = acc[mb][j * 4 + 2 * half], v1 = acc[mb][j * 4 + 2 * half + 1];
+            if (out32)
+              *reinterpret_cast<float2*>(static_cast<float*>(p.y) + row + col) = make_float2(v0, v1);
+            else
+              *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + row + col) =
+                  pack2_16(v0, v1, kF16, false);
           }
         }
       }
@@ -381,19 +348,32 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     constexpr int CPR = BN / 8, RPP = kThreads / CPR;  // 8-column chunks per row, rows per pass
     const int ec = tid % CPR, er = tid / CPR;
     const int col = n_base + ec * 8;
-    if (col >= p.Kg) return;
-    const bool full = col + 8 <= p.Kg;
-    const int cnt = full ? 8 : p.Kg - col;
+    if (col >= p.Kg) return;  // Kg % 8 == 0: a chunk lies inside the row or past its end
+    const long long off0 = static_cast<long long>(g) * p.Kg + col;  // + m * K: row m's offset
+    EpiDev epi = p.epi;  // a relu goes into the 16-bit conversion of the stores (pack2_16)
+    const bool relu16 = epi_take_relu_to_store(epi, !out32);
+    const unsigned char* es = smem + p.epi_smem;  // the tile's biases and residuals (epi_smem)
     // this thread's 8 columns are the same on every row it stores: their biases load once
     float bias[8];
-    if (epi.on) epi_bias_run<8>(epi, static_cast<long long>(g) * p.Kg + col, cnt, bias);
-    // 16-bit residuals: kR rows' 16 bytes load before the first of their stores (one row at a
-    // time, each load waited a DRAM latency behind the previous row's store). The compiler
-    // schedules these read-only loads early, next to the live accumulators: all 16 rows, or 4 in
-    // the 128 x 128 kernel, made it spill (ptxas, sm_90a).
+    if (epi.on && epi_smem && epi.bias) {
+      if (out32) {
+        const float4 a = reinterpret_cast<const float4*>(es)[2 * ec];
+        const float4 b = reinterpret_cast<const float4*>(es)[2 * ec + 1];
+        bias[0] = a.x, bias[1] = a.y, bias[2] = a.z, bias[3] = a.w;
+        bias[4] = b.x, bias[5] = b.y, bias[6] = b.z, bias[7] = b.w;
+      } else {
+        epi_raw16_unpack<8>(epi, reinterpret_cast<const uint4*>(es)[ec], bias);
+      }
+    } else if (epi.on) {
+      epi_bias_run<8>(epi, off0, 8, bias);
+    }
+    // 16-bit residuals, 16 bytes per row: from the tile in shared memory (epi_smem), else kR
+    // rows' loads go out before the first of their stores (one row at a time, each load waited a
+    // DRAM latency behind the previous row's store). The compiler schedules these read-only
+    // loads early, next to the live accumulators: all 16 rows, or 4 in the 128 x 128 kernel,
+    // made it spill (ptxas, sm_90a).
     constexpr int kRows = (BM + RPP - 1) / RPP, kR = BM * BN >= 128 * 128 ? 2 : 4;
-    const long long off0 = static_cast<long long>(g) * p.Kg + col;  // + m * K: row m's offset
-    const bool res16 = epi.on && epi.residual && full && epi_raw16_ok<8>(epi, off0);
+    const bool res16 = epi.on && epi.residual && !out32;
 #pragma unroll 1
     for (int i0 = 0; i0 < kRows; i0 += kR) {
       uint4 res_raw[kR];
@@ -402,7 +382,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
         for (int i = 0; i < kR; ++i) {
           const int r = er + (i0 + i) * RPP, m = m_base + r;
           if (r < BM && m < p.M)
-            res_raw[i] = epi_raw16_load<8>(epi.residual, static_cast<long long>(m) * p.K + off0);
+            res_raw[i] = epi_smem ? reinterpret_cast<const uint4*>(es + kEpiBiasBytes + r * BN * 2)[ec]
+                                  : epi_raw16_load<8>(epi.residual, static_cast<long long>(m) * p.K + off0);
         }
       }
 #pragma unroll
@@ -420,33 +401,22 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
             epi_raw16_unpack<8>(epi, res_raw[i], res);
             epi_apply_run_loaded<8>(epi, off, bias, res, v);
           } else {
-            epi_apply_run<8>(epi, off, bias, v, cnt);
+            epi_apply_run<8>(epi, off, bias, v);
           }
           lo = make_float4(v[0], v[1], v[2], v[3]);
           hi = make_float4(v[4], v[5], v[6], v[7]);
         }
         if (out32) {
-          float* d = static_cast<float*>(p.y) + off;
-          if (full) {
-            reinterpret_cast<float4*>(d)[0] = lo;
-            reinterpret_cast<float4*>(d)[1] = hi;
-          } else {
-            const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            for (int q = 0; col + q < p.Kg; ++q) d[q] = v[q];
-          }
+          float4* d = reinterpret_cast<float4*>(static_cast<float*>(p.y) + off);
+          d[0] = lo;
+          d[1] = hi;
         } else {
           uint4 pk;
           pk.x = pack2_16(lo.x, lo.y, kF16, relu16);
           pk.y = pack2_16(lo.z, lo.w, kF16, relu16);
           pk.z = pack2_16(hi.x, hi.y, kF16, relu16);
           pk.w = pack2_16(hi.z, hi.w, kF16, relu16);
-          unsigned short* d = static_cast<unsigned short*>(p.y) + off;
-          if (full) {
-            *reinterpret_cast<uint4*>(d) = pk;
-          } else {
-            const unsigned short* h = reinterpret_cast<const unsigned short*>(&pk);
-            for (int q = 0; col + q < p.Kg; ++q) d[q] = h[q];
-          }
+          *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.y) + off) = pk;
         }
       }
     }
@@ -504,28 +474,44 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(e);
   const unsigned long long bit = 1ULL << (dev & 63);
-  const int smem_max = Cf::PIPE + Cf::C16_BYTES + kMaxTaps * 16;
+  const int smem_max = Cf::PIPE + kEpiBiasBytes + Cf::RES_BYTES + kMaxTaps * 16;
   if (!(attr_done.load(std::memory_order_acquire) & bit)) {
     e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max);
     if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
     attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
+  auto per_sm = [&](int smem, int* n) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, kern, kThreads, smem);
+  };
   // One tile per CTA touches only the first min(K steps, ST) stages, then the C tile: a short
   // reduction (a 1x1 layer over 64 channels: one step) needs less shared memory, so more CTAs
   // fit on an SM. The persistent walk cycles through every stage.
   const int steps = p.Kred / WgType<IN>::BK;
-  p.stage16 = p.stage16 && persistent;
-  p.pipe_bytes = persistent ? Cf::PIPE + (p.stage16 ? Cf::C16_BYTES : 0)
+  p.pipe_bytes = persistent ? Cf::PIPE
                             : std::max(std::min(steps, Cf::ST) * Cf::STAGE, BM * Cf::LDC * 4);
   p.pipe_bytes = (p.pipe_bytes + 1023) & ~1023;  // stages stay 1024-byte aligned (swizzle)
-  const int smem = p.pipe_bytes + p.ntap * 16;
+  int smem = p.pipe_bytes + p.ntap * 16;
+  // The epilogue operands' shared-memory copy, where it leaves as many CTAs per SM.
+  p.epi_smem = 0;
+  if (!persistent && (p.epi.bias || p.epi.residual)) {
+    const bool res = p.epi.residual && p.out == 0 && IN != kInTF32;
+    const int with = smem + kEpiBiasBytes + (res ? Cf::RES_BYTES : 0);
+    int n0 = 0, n1 = 0;
+    e = per_sm(smem, &n0);
+    if (e == cudaSuccess) e = per_sm(with, &n1);
+    if (e != cudaSuccess) return std::string("occupancy query: ") + cudaGetErrorString(e);
+    if (n1 == n0) {
+      p.epi_smem = smem;  // past the tap table
+      smem = with;
+    }
+  }
   long long ctas = static_cast<long long>(p.tilesM) * p.tilesN;
   if (persistent) {  // at most the CTAs that are resident at once (per group)
-    int per_sm = 0, sms = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kThreads, smem);
+    int n = 0, sms = 0;
+    e = per_sm(smem, &n);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return std::string("occupancy query: ") + cudaGetErrorString(e);
-    const long long resident = std::max(1LL, static_cast<long long>(per_sm) * sms / groups);
+    const long long resident = std::max(1LL, static_cast<long long>(n) * sms / groups);
     ctas = std::min(ctas, resident);
   }
   dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(groups));
@@ -625,19 +611,18 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
   p.tilesN = tile == 2 ? (p.Kg + 63) / 64 : (p.Kg + 127) / 128;
   p.tilesM = (p.M + (tile == 0 ? 127 : 63)) / (tile == 0 ? 128 : 64);
   // Persistent tile walk for short reductions (at most kPersistentMaxSteps K steps per tile)
-  // into narrow output tiles (BN = 64). H200 bf16, kernel-only: r50_c2_1x1_dn (Kred 256, BN 64)
-  // 0.0328 -> 0.0294 ms; r50_c2_1x1_up (Kred 64, BN 128) 0.054 -> 0.091 ms, where the register
-  // stores of the wide 128x128 tiles cost more than the overlap gains, so it stays one tile per
-  // CTA. A K step is 128 bytes of K in every type (the same loads and MMA time), so the bound
-  // counts steps. JAXDNN_WGMMA_PERSISTENT=0|1 forces either (testing).
+  // into narrow output tiles (BN = 64), without an epilogue. H200 bf16, kernel-only:
+  // r50_c2_1x1_dn (Kred 256, BN 64) 0.0328 -> 0.0294 ms in session 4; r50_c2_1x1_up (Kred 64,
+  // BN 128) 0.054 -> 0.091 ms, where the register stores of the wide 128x128 tiles cost more
+  // than the overlap gains, so it stays one tile per CTA. With an epilogue (bias + relu) the
+  // walk's register-direct stores took r50_c2_1x1_dn to 1.95x the plain time, one tile per CTA
+  // 1.09x (session 16). A K step is 128 bytes of K in every type (the same loads and MMA time),
+  // so the bound counts steps. JAXDNN_WGMMA_PERSISTENT=0|1 forces either without an epilogue
+  // (testing).
   bool persistent = p.Kred / k_step(c.in) <= kPersistentMaxSteps && tile == 2;
   if (const char* f = std::getenv("JAXDNN_WGMMA_PERSISTENT"); f && (f[0] == '0' || f[0] == '1'))
     persistent = f[0] == '1';
-  // 16-bit outputs of the persistent walk through the 16-bit C tile (launch() drops it for
-  // one-tile CTAs). JAXDNN_WGMMA_STAGE16=0|1 forces it off or on (testing).
-  p.stage16 = in != kInTF32 && p.out == 0;
-  if (const char* f = std::getenv("JAXDNN_WGMMA_STAGE16"); f && (f[0] == '0' || f[0] == '1'))
-    p.stage16 = p.stage16 && f[0] == '1';
+  persistent = persistent && !p.epi.on;
   auto run = [&](auto in_tag) {
     constexpr int I = decltype(in_tag)::value;
     if (tile == 0) return launch<I, 128, 128>(p, G, persistent, io.stream);
