@@ -626,6 +626,14 @@ __global__ void __launch_bounds__(kDwsThreads, (S == 7 && sizeof(T) == 4) ? 1 : 
     int n, z, p, ws;
     dws_decode(sidx, a, small, n, z, p, ws);
     const int q0 = ws * TW;
+    // the strip's residuals toward L2 while the taps accumulate (not in the 16-bit 5-wide
+    // kernels: 32 bytes of spills there)
+    if (!(S == 5 && sizeof(T) == 2) && a.epi.residual) {
+      const i64 ob = ((((i64)n * a.dd[0] + z) * a.dd[1] + p) * a.dd[2] + q0) * C + c0;
+#pragma unroll
+      for (int i = 0; i < TW; ++i)
+        if (q0 + i < a.dd[2]) epi_prefetch_l2(a.epi, a.epi.residual, ob + (i64)i * C);
+    }
     float acc[TW][V], acc0[V];
     if (kBiasInAcc && bias_raw) epi_raw16_unpack<V>(a.epi, braw, acc0);
 #pragma unroll
