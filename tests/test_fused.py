@@ -296,9 +296,9 @@ def test_kernel_path_grads_store_the_preactivation(path, dtype):
 
 
 def test_kernel_path_wgmma_persistent_tiles():
-  """A 1x1 layer with 64 input channels: one K step per tile, so the wgmma kernel walks its
-  tiles persistently (1024 tiles, more than the resident CTAs) and the non-last tiles store
-  from registers through the epilogue."""
+  """A 1x1 layer with 64 input channels: one K step per tile, 1024 tiles, more than the resident
+  CTAs. The plain convolution walks them persistently; with the epilogue every CTA takes one
+  tile, its biases and residuals copied into shared memory during the K loop."""
   case = FCase("nhwc-1x1-c64k64-many", (16, 64, 64, 64), (1, 1, 64, 64), (1, 1), "VALID", NHWC)
   for dtype in (BF16, F16):
     x, w, b, r = case.inputs(dtype, seed=130)
@@ -308,8 +308,8 @@ def test_kernel_path_wgmma_persistent_tiles():
 
 
 # Paths whose 16-bit stores apply a relu epilogue in the rounding (cvt.rn.relu on the GPU):
-# DIRECT's depthwise kernel (whose accumulators also start at the biases) and the wgmma kernel's
-# persistent walk (non-last tiles through a 16-bit C tile in shared memory).
+# DIRECT's depthwise kernel (whose accumulators also start at the biases) and the wgmma kernel
+# (many one-tile CTAs, biases and residuals from shared memory).
 RELU16_CASES = {
     "dws": (A.DIRECT, FCase("nhwc-depthwise-3x3", (2, 5, 11, 16), (3, 3, 1, 16), (1, 1), "SAME",
                             NHWC, fgc=16)),
