@@ -295,16 +295,22 @@ def test_kernel_path_grads_store_the_preactivation(path, dtype):
     assert_close(o, e, tol, f"d/d{name}")
 
 
-def test_kernel_path_wgmma_persistent_tiles():
+def test_kernel_path_wgmma_many_tiles():
   """A 1x1 layer with 64 input channels: one K step per tile, 1024 tiles, more than the resident
-  CTAs. The plain convolution walks them persistently; with the epilogue every CTA takes one
-  tile, its biases and residuals copied into shared memory during the K loop."""
+  CTAs. The plain convolution walks them persistently; with an epilogue (each operand
+  combination) every CTA takes one tile, its biases and residuals copied into shared memory
+  during the K loop."""
   case = FCase("nhwc-1x1-c64k64-many", (16, 64, 64, 64), (1, 1, 64, 64), (1, 1), "VALID", NHWC)
   for dtype in (BF16, F16):
     x, w, b, r = case.inputs(dtype, seed=130)
-    y = jax.jit(fused(case, A.IMPLICIT_PRECOMP_GEMM, "relu"))(x, w, bias=b, residual=r)
-    want = _low_precision_reference(case, x, w, b, r, dtype, "relu")
-    assert_close(y, want, tolerance(dtype), str(dtype))
+    f = jax.jit(fused(case, A.IMPLICIT_PRECOMP_GEMM, "relu"))
+    for has_b, has_r in OPERANDS:
+      bb, rr = (b if has_b else None), (r if has_r else None)
+      want = _low_precision_reference(case, x, w, bb, rr, dtype, "relu")
+      assert_close(f(x, w, bias=bb, residual=rr), want, tolerance(dtype), f"{dtype} {has_b} {has_r}")
+    plain = jax.jit(fused(case, A.IMPLICIT_PRECOMP_GEMM))(x, w)
+    assert_close(plain, _low_precision_reference(case, x, w, None, None, dtype, None),
+                 tolerance(dtype), f"{dtype} plain")
 
 
 # Paths whose 16-bit stores apply a relu epilogue in the rounding (cvt.rn.relu on the GPU):
