@@ -1,8 +1,10 @@
-"""The Hopper wgmma path of IMPLICIT_PRECOMP_GEMM forward (NHWC; 16-bit with channels per group a
-multiple of 64, or float32 at DEFAULT precision (TF32) with channels per group a multiple of 32),
-through jaxdnn.conv on the GPU, against the float64 lax oracle; the same calls with
-JAXDNN_NO_WGMMA=1 run the mma.sync kernel and must agree to rounding. On a non-sm_90 GPU both runs
-use the mma.sync kernel, as do the 16-bit runs of the 32-channel cases. Skipped without a GPU."""
+"""The Hopper wgmma path of IMPLICIT_PRECOMP_GEMM (NHWC; 16-bit with channels per group a multiple
+of 64, or float32 at DEFAULT precision (TF32) with channels per group a multiple of 32), through
+jaxdnn.conv on the GPU, against the float64 lax oracle: the forward, and backward-data at stride 1
+(the forward of dy with the flipped, channel-swapped filter: output channels per group a multiple
+of 64 / 32, input channels per group a multiple of 8). The same calls with JAXDNN_NO_WGMMA=1 run
+the mma.sync kernel and must agree to rounding. On a non-sm_90 GPU both runs use the mma.sync
+kernel, as do the cases whose channel counts do not qualify. Skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -34,6 +36,14 @@ CASES = [
     ("g2_c64k48_s2", (15, 13), 2, 64, 48, 2, (3, 3), (2, 2), (1, 1), [(1, 1), (0, 1)]),
     ("c96k64_5x5", (11, 9), 2, 96, 64, 1, (5, 5), (1, 1), (1, 1), [(2, 2), (2, 2)]),
 ]
+# Backward-data: the stride-1 cases above, and geometries particular to its forward view:
+# asymmetric padding (its padding is dil*(F-1) - pad_lo), groups with dilation, and padding wider
+# than the dilated filter (negative padding in the view)
+DGRAD_CASES = [c for c in CASES if all(s == 1 for s in c[7])] + [
+    ("c72k64_asym", (11, 13), 2, 72, 64, 1, (3, 3), (1, 1), (1, 1), [(1, 2), (0, 1)]),
+    ("g2_c48k128_d2", (12, 10), 2, 48, 128, 2, (3, 3), (1, 1), (2, 2), [(2, 2), (2, 1)]),
+    ("c64k64_widepad", (7, 9), 2, 64, 64, 1, (3, 3), (1, 1), (1, 1), [(3, 3), (3, 1)]),
+]
 DNUMS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
 
 
@@ -59,6 +69,31 @@ def test_wgmma_forward_matches_oracle_and_mma_sync(case, dtype, out_dtype, monke
   assert relative_error(y_mma, ref) < tol
   # both accumulate in fp32; only summation order and the final rounding differ
   assert relative_error(y, y_mma) < tol
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=["bf16", "f16", "tf32"])
+@pytest.mark.parametrize("case", DGRAD_CASES, ids=[c[0] for c in DGRAD_CASES])
+def test_wgmma_backward_data_matches_oracle_and_mma_sync(case, dtype, monkeypatch):
+  _, spatial, n, c, k, g, filt, stride, dil, pad = case
+  x = rand((n, *spatial, c), dtype, seed=1)
+  w = rand((*filt, c // g, k), dtype, seed=2)
+  kw = dict(window_strides=stride, padding=pad, rhs_dilation=dil,
+            dimension_numbers=DNUMS[len(spatial)], feature_group_count=g)
+  y_shape = jax.eval_shape(lambda a, b: lax_conv_hi(a, b, **kw), x, w).shape
+  dy = rand(y_shape, dtype, seed=7)
+  # the VJP of the convolution in x is its backward-data (same algorithm)
+  f = jax.jit(lambda b, ct: jax.vjp(
+      lambda a: jaxdnn.conv(a, b, **kw, algo="implicit_precomp_gemm"), x)[1](ct)[0])
+  x64, w64, dy64 = (a.astype(jnp.float64) for a in (x, w, dy))
+  ref = jax.vjp(lambda a: lax_conv_hi(a, w64, **kw), x64)[1](dy64)[0]
+  dx = f(w, dy)
+  assert dx.dtype == dtype and dx.shape == x.shape
+  tol = tolerance(dtype)
+  assert relative_error(dx, ref) < tol
+  monkeypatch.setenv("JAXDNN_NO_WGMMA", "1")  # read per call by the CUDA handler
+  dx_mma = f(w, dy)
+  assert relative_error(dx_mma, ref) < tol
+  assert relative_error(dx, dx_mma) < tol
 
 
 def test_wgmma_forward_grad_and_vmap():

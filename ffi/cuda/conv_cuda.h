@@ -54,13 +54,16 @@ std::string fft_can_implement(const CudaConvCall& c);
 size_t fft_workspace_bytes(const CudaConvCall& c);
 std::string fft_run(const CudaConvCall& c, const CudaConvBuffers& io);
 
-// IMPLICIT_PRECOMP_GEMM forward on Hopper wgmma, NHWC, 16-bit or float32 below HIGHEST (TF32)
-// (conv_wgmma.cu): "" when the problem qualifies; its workspace (the transposed filter);
-// wgmma_fwd_try runs it and returns true when it took the call (result or error in *err), false
-// to leave it to the mma.sync kernel (not eligible, not an sm_90 device, or JAXDNN_NO_WGMMA=1).
-std::string wgmma_fwd_reason(const CudaConvCall& c);
-size_t wgmma_fwd_workspace_bytes(const CudaConvCall& c);
-bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string* err);
+// IMPLICIT_PRECOMP_GEMM forward, and backward-data at stride 1 (as the forward of dy with the
+// flipped, channel-swapped filter), on Hopper wgmma, NHWC, 16-bit or float32 below HIGHEST (TF32)
+// (conv_wgmma.cu): "" when the problem qualifies; its workspace (the rearranged filter);
+// wgmma_try runs it and returns true when it took the call (result or error in *err), false to
+// leave it to the mma.sync kernel (not eligible, not an sm_90 device, or wgmma_switched_off():
+// JAXDNN_NO_WGMMA=1, for testing).
+std::string wgmma_reason(const CudaConvCall& c);
+size_t wgmma_workspace_bytes(const CudaConvCall& c);
+bool wgmma_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string* err);
+bool wgmma_switched_off();
 
 // WINOGRAD (fused: F(4x4,3x3) on the tensor cores, or F(2x2,3x3)) and WINOGRAD_NONFUSED
 // (F(4x4,3x3) / F(2x2,3x3) with batched

@@ -343,7 +343,9 @@ Plan make_plan(const CudaConvCall& c) {
     // Split-K only while each split keeps >= 32 k-tiles: measured on the H200 (r50 layers, bf16),
     // the fp32 partials and the reduce pass cost more than they save below that.
     long long sp = std::min<long long>(want, std::max(1, KT / 32));
-    if (wgmma_fwd_reason(c).empty()) sp = 1;  // sm_90 runs the wgmma kernel
+    // sm_90 runs the wgmma kernel (no split-K). Not conditional on wgmma_switched_off(): the
+    // workspace is sized when JAX lowers the call, and JAXDNN_NO_WGMMA may be set after that.
+    if (wgmma_reason(c).empty()) sp = 1;
     if (const char* f = std::getenv("JAXDNN_GEMM_SPLITS"))  // testing override (tuning sweeps)
       sp = std::max(1, std::min(KT, std::atoi(f)));
     sp = std::max<long long>(1, std::min<long long>(sp, 65535 / zbase));
@@ -445,13 +447,13 @@ std::string gemm_family_can_implement(const CudaConvCall& c) { return make_plan(
 size_t gemm_family_workspace_bytes(const CudaConvCall& c) {
   Plan pl = make_plan(c);
   // room for either kernel: which one runs depends on the device (sm_90: wgmma)
-  return pl.err.empty() ? std::max(pl.total, wgmma_fwd_workspace_bytes(c)) : 0;
+  return pl.err.empty() ? std::max(pl.total, wgmma_workspace_bytes(c)) : 0;
 }
 
 std::string gemm_family_run(const CudaConvCall& c, const CudaConvBuffers& io) {
   Plan pl = make_plan(c);
   if (!pl.err.empty()) return pl.err;
-  if (std::string err; wgmma_fwd_try(c, io, &err)) return err;
+  if (std::string err; wgmma_try(c, io, &err)) return err;
   const ConvProblem& pb = c.problem;
   if (pl.degenerate && c.op == ConvOp::kForward && !io.epi.empty())
     return epi_fill(make_epi(io.epi, pb, c.out), io.out, pb.y_elems(), io.stream);

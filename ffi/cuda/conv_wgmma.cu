@@ -25,9 +25,16 @@
 // every CTA has one tile, whose biases and residuals it copies into shared memory during its K
 // loop (WgParams::epi_smem).
 //
-// Taken when (wgmma_fwd_reason() == ""): forward, bf16/f16 in with out = in or f32, or f32 in and
-// out at precision != HIGHEST; NHWC, unit lhs dilation, Cg % BK == 0 (a K step never straddles two
-// taps: 64 channels in 16-bit, 32 in fp32), Kg % 8 == 0, at most 256 taps, and the device is
+// Backward-data at stride 1 is this forward kernel on dy (dgrad_as_forward): dx = conv(dy, w')
+// with w'[tap][k][c] = w[taps - 1 - tap][c][k] per group (flipped taps, input and output
+// channels swapped; flip_swap_filter_kernel writes it into the workspace already K-major) and low
+// padding dil*(F-1) - pad_lo (negative where pad_lo exceeds the dilated filter extent: the
+// loader's bounds tests see those rows as outside the image).
+//
+// Taken when (wgmma_reason() == ""): forward, or backward-data at stride 1, of
+// IMPLICIT_PRECOMP_GEMM; bf16/f16 in with out = in or f32, or f32 in and out at precision !=
+// HIGHEST; NHWC, unit lhs dilation, and in the forward view Cg % BK == 0 (a K step never straddles
+// two taps: 64 channels in 16-bit, 32 in fp32), Kg % 8 == 0, at most 256 taps; and the device is
 // sm_90. Otherwise conv_gemm_family.cu's mma.sync kernel runs the same algorithm (same family,
 // same tap tables).
 #include <cuda_bf16.h>
@@ -447,6 +454,27 @@ __global__ void __launch_bounds__(256) transpose_filter_kernel(const E* __restri
   }
 }
 
+// Backward-data's filter in the forward view, K-major: wt[g*Cg + c][tap*Kg + k] =
+// w[taps - 1 - tap][c][g*Kg + k] (HWIO w; the flat tap index reversed flips every spatial axis).
+// Both sides are contiguous along k. fp32 values are rounded to TF32, as in the transpose.
+template <class E>
+__global__ void __launch_bounds__(256) flip_swap_filter_kernel(const E* __restrict__ w,
+                                                              E* __restrict__ wt, long long total,
+                                                              int taps, int Cg, int Kg, int G) {
+  for (long long i = blockIdx.x * 256LL + threadIdx.x; i < total; i += 256LL * gridDim.x) {
+    const int k = static_cast<int>(i % Kg);
+    long long r = i / Kg;
+    const int tap = static_cast<int>(r % taps);
+    r /= taps;
+    const int c = static_cast<int>(r % Cg);
+    const int g = static_cast<int>(r / Cg);
+    E v = w[(static_cast<long long>(taps - 1 - tap) * Cg + c) * (static_cast<long long>(G) * Kg) +
+            static_cast<long long>(g) * Kg + k];
+    if constexpr (std::is_same_v<E, float>) v = __uint_as_float(gemm::to_tf32(v));
+    wt[i] = v;
+  }
+}
+
 size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
 
 // Is the current device an sm_90 (Hopper) part? Cached per device.
@@ -520,11 +548,33 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   return e == cudaSuccess ? "" : std::string("wgmma conv kernel launch: ") + cudaGetErrorString(e);
 }
 
-}  // namespace
+// The forward problem that backward-data at stride 1 is: dy is its input, dx its output.
+ConvProblem dgrad_as_forward(const ConvProblem& pb) {
+  ConvProblem v = pb;
+  v.C = pb.K;
+  v.K = pb.C;
+  for (int a = 0; a < 3; ++a) {
+    v.in[a] = pb.out[a];
+    v.out[a] = pb.in[a];
+    const int64_t reach = pb.dilation[a] * (pb.filt[a] - 1);
+    v.pad_lo[a] = reach - pb.pad_lo[a];
+    v.pad_hi[a] = reach - pb.pad_hi[a];
+  }
+  return v;
+}
 
-std::string wgmma_fwd_reason(const CudaConvCall& c) {
+// The call the kernel runs: the forward itself, or backward-data's forward view.
+CudaConvCall as_forward(const CudaConvCall& c) {
+  CudaConvCall f = c;
+  if (c.op == ConvOp::kBackwardData) {
+    f.op = ConvOp::kForward;
+    f.problem = dgrad_as_forward(c.problem);
+  }
+  return f;
+}
+
+std::string forward_reason(const CudaConvCall& c) {
   const ConvProblem& pb = c.problem;
-  if (c.op != ConvOp::kForward || c.algo != ConvAlgo::kImplicitPrecompGemm) return "not PRECOMP forward";
   const bool tf32 = c.in == DType::kF32 && c.precision != MathPrecision::kHighest;
   if (c.in != DType::kBF16 && c.in != DType::kF16 && !tf32)
     return "not 16-bit, nor float32 with TF32 allowed";
@@ -541,19 +591,36 @@ std::string wgmma_fwd_reason(const CudaConvCall& c) {
   return "";
 }
 
-size_t wgmma_fwd_workspace_bytes(const CudaConvCall& c) {
-  return wgmma_fwd_reason(c).empty()
+}  // namespace
+
+std::string wgmma_reason(const CudaConvCall& c) {
+  if (c.algo != ConvAlgo::kImplicitPrecompGemm) return "not IMPLICIT_PRECOMP_GEMM";
+  if (c.op == ConvOp::kBackwardFilter) return "backward-filter";
+  if (c.op == ConvOp::kBackwardData) {
+    const ConvProblem& pb = c.problem;
+    if (pb.stride[0] != 1 || pb.stride[1] != 1 || pb.stride[2] != 1) return "backward-data with stride > 1";
+  }
+  return forward_reason(as_forward(c));
+}
+
+size_t wgmma_workspace_bytes(const CudaConvCall& c) {
+  return wgmma_reason(c).empty()
              ? align256(static_cast<size_t>(c.problem.w_elems()) * dtype_bytes(c.in))
              : 0;
 }
 
-bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string* err) {
-  if (!wgmma_fwd_reason(c).empty() || !device_is_sm90()) return false;
-  if (const char* off = std::getenv("JAXDNN_NO_WGMMA"); off && off[0] == '1') return false;  // testing
+bool wgmma_switched_off() {
+  const char* off = std::getenv("JAXDNN_NO_WGMMA");  // testing: the mma.sync kernel instead
+  return off && off[0] == '1';
+}
+
+bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string* err) {
+  if (!wgmma_reason(call).empty() || !device_is_sm90() || wgmma_switched_off()) return false;
+  const CudaConvCall c = as_forward(call);  // backward-data: dy in, dx out, w' (flip_swap)
   const ConvProblem& pb = c.problem;
-  const size_t need = wgmma_fwd_workspace_bytes(c);
+  const size_t need = wgmma_workspace_bytes(call);
   if (io.workspace == nullptr || io.workspace_size < need) {
-    *err = "workspace too small for the wgmma forward kernel";
+    *err = "workspace too small for the wgmma kernel";
     return true;
   }
   // 16-byte cp.async and stores need aligned operands (XLA's buffers are); else mma.sync runs
@@ -582,14 +649,22 @@ bool wgmma_fwd_try(const CudaConvCall& c, const CudaConvBuffers& io, std::string
     if ((reinterpret_cast<uintptr_t>(q) & 15) != 0) return false;  // the mma.sync kernel runs
 
   const int in = c.in == DType::kF32 ? kInTF32 : c.in == DType::kF16 ? kInF16 : kInBF16;
-  dim3 tb(32, 8), tg(static_cast<unsigned>((p.K + 31) / 32), static_cast<unsigned>((p.Kred + 31) / 32));
+  auto filter = [&](auto* w, auto* wt) {  // B = the filter, K-major: [G*Kg][taps*Cg]
+    using E = std::remove_const_t<std::remove_pointer_t<decltype(w)>>;
+    if (call.op == ConvOp::kBackwardData) {  // view Cg, Kg = the call's Kg, Cg
+      const long long total = pb.w_elems();
+      const int blocks = static_cast<int>(std::min<long long>((total + 255) / 256, 132LL * 16));
+      flip_swap_filter_kernel<E><<<blocks, 256, 0, io.stream>>>(w, wt, total, p.ntap, p.Kg, p.Cg,
+                                                                static_cast<int>(pb.G));
+    } else {
+      dim3 tb(32, 8), tg(static_cast<unsigned>((p.K + 31) / 32), static_cast<unsigned>((p.Kred + 31) / 32));
+      transpose_filter_kernel<E><<<tg, tb, 0, io.stream>>>(w, wt, p.Kred, p.K);
+    }
+  };
   if (in == kInTF32)
-    transpose_filter_kernel<float><<<tg, tb, 0, io.stream>>>(
-        static_cast<const float*>(io.b), static_cast<float*>(io.workspace), p.Kred, p.K);
+    filter(static_cast<const float*>(io.b), static_cast<float*>(io.workspace));
   else
-    transpose_filter_kernel<unsigned short><<<tg, tb, 0, io.stream>>>(
-        static_cast<const unsigned short*>(io.b), static_cast<unsigned short*>(io.workspace),
-        p.Kred, p.K);
+    filter(static_cast<const unsigned short*>(io.b), static_cast<unsigned short*>(io.workspace));
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     *err = std::string("filter transpose launch: ") + cudaGetErrorString(e);

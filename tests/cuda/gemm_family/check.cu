@@ -245,7 +245,10 @@ double rel_err(DType t, const std::vector<unsigned char>& got, const std::vector
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-int run_checks(bool quick, bool fwd_only, const std::string& only) {
+// Which operations a run covers: "" all, else "fwd", "dgrad" or "wgrad" (--op; --fwd-only = fwd).
+bool op_selected(const std::string& ops, ConvOp op) { return ops.empty() || ops == op_s(op); }
+
+int run_checks(bool quick, const std::string& ops, const std::string& only) {
   struct Case { const char* name; ConvProblem p; };
   std::vector<Case> cases;
   auto add = [&](const char* n, ConvProblem p) { cases.push_back({n, p}); };
@@ -271,6 +274,12 @@ int run_checks(bool quick, bool fwd_only, const std::string& only) {
     // a 1x1 layer with more 64x64 tiles (864) than resident CTAs: the persistent walk takes
     // several tiles per CTA (register-stored epilogue); partial last N tile (Kg 136)
     add("wg_1x1_c64k136_many", make_problem(L, 2, 8, 64, 136, 1, {48, 48}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, {0, 0}));
+    // Backward-data at stride 1 takes the wgmma kernel when the forward view qualifies (Kg % 64
+    // in 16-bit, % 32 in tf32; Cg % 8): asymmetric padding, groups with dilation, and padding
+    // wider than the dilated filter (negative padding in the view)
+    add("wgd_c72k64_asym", make_problem(L, 2, 2, 72, 64, 1, {11, 13}, {3, 3}, {1, 1}, {1, 1}, {1, 0}, {2, 1}));
+    add("wgd_g2_c48k128_d2", make_problem(L, 2, 2, 48, 128, 2, {12, 10}, {3, 3}, {1, 1}, {2, 2}, {2, 2}, {2, 1}));
+    add("wgd_c64k64_widepad", make_problem(L, 2, 2, 64, 64, 1, {7, 9}, {3, 3}, {1, 1}, {1, 1}, {3, 3}, {3, 1}));
     if (quick) continue;
     add("1x1_c64k64", make_problem(L, 2, 2, 64, 64, 1, {8, 8}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, {0, 0}));
     add("2d_c64k128_s2", make_problem(L, 2, 2, 64, 128, 1, {16, 16}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}));
@@ -294,8 +303,8 @@ int run_checks(bool quick, bool fwd_only, const std::string& only) {
   dts.erase(std::remove_if(dts.begin(), dts.end(), [&](const Dt& d) { return !selected(only, d.name); }),
             dts.end());
   int fails = 0, total = 0, rejected = 0;
-  // worst relative error per dtype: every run; IMPLICIT_PRECOMP_GEMM forward (the wgmma kernel on
-  // sm_90 where eligible); the fused epilogue's result and preact
+  // worst relative error per dtype: every run; IMPLICIT_PRECOMP_GEMM forward and backward-data
+  // (the wgmma kernel on sm_90 where eligible); the fused epilogue's result and preact
   double worst[7] = {0}, worst_ipg[7] = {0}, worst_epi[7] = {0};
   for (auto& cs : cases) {
     const ConvProblem& pb = cs.p;
@@ -324,7 +333,7 @@ int run_checks(bool quick, bool fwd_only, const std::string& only) {
       CK(cudaMemcpy(gw, bw.data(), bw.size(), cudaMemcpyHostToDevice));
       CK(cudaMemcpy(gy, by.data(), by.size(), cudaMemcpyHostToDevice));
       for (ConvOp op : {ConvOp::kForward, ConvOp::kBackwardData, ConvOp::kBackwardFilter}) {
-        if (fwd_only && op != ConvOp::kForward) continue;
+        if (!op_selected(ops, op)) continue;
         size_t oe;
         if (op == ConvOp::kForward) { ref_fwd<<<256, 128>>>(rp, dx, dw, dref); oe = pb.y_elems(); }
         else if (op == ConvOp::kBackwardData) { ref_dgrad<<<256, 128>>>(rp, dy, dw, dref); oe = pb.x_elems(); }
@@ -364,7 +373,7 @@ int run_checks(bool quick, bool fwd_only, const std::string& only) {
           double rel = rel_err(dt.out, ob, ref, &nans);
           bool ok = err.empty() && se == cudaSuccess && nans == 0 && rel <= dt.tol && det;
           worst[di] = std::max(worst[di], rel);
-          if (op == ConvOp::kForward && al == ConvAlgo::kImplicitPrecompGemm)
+          if (op != ConvOp::kBackwardFilter && al == ConvAlgo::kImplicitPrecompGemm)
             worst_ipg[di] = std::max(worst_ipg[di], rel);
           if (!ok) {
             ++fails;
@@ -421,7 +430,7 @@ int run_checks(bool quick, bool fwd_only, const std::string& only) {
   }
   printf("CHECK: %d runs, %d failed, %d rejected\n", total, fails, rejected);
   for (size_t di = 0; di < dts.size(); ++di)
-    printf("  worst rel err %-9s %.3e (IPG fwd %.3e, fused epilogue %.3e) (tol %.0e)\n", dts[di].name,
+    printf("  worst rel err %-9s %.3e (IPG fwd/dgrad %.3e, fused epilogue %.3e) (tol %.0e)\n", dts[di].name,
            worst[di], worst_ipg[di], worst_epi[di], dts[di].tol);
   // rejection reasons
   {
@@ -436,7 +445,7 @@ int run_checks(bool quick, bool fwd_only, const std::string& only) {
     ConvProblem q = make_problem(Layout::kNHWC, 2, 1, 32, 32, 1, {8, 8}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1});
     std::string r[3];
     for (int i = 0; i < 3; ++i)
-      r[i] = wgmma_fwd_reason({ConvOp::kForward, ConvAlgo::kImplicitPrecompGemm, q, DType::kF32,
+      r[i] = wgmma_reason({ConvOp::kForward, ConvAlgo::kImplicitPrecompGemm, q, DType::kF32,
                                DType::kF32, static_cast<MathPrecision>(i)});
     printf("  wgmma reason(f32 C=32: DEFAULT, HIGH, HIGHEST): '%s', '%s', '%s'\n", r[0].c_str(),
            r[1].c_str(), r[2].c_str());
@@ -474,7 +483,7 @@ __global__ void fill_rand(unsigned char* p, size_t n, int esz, unsigned seed, in
   }
 }
 
-void run_timing(const char* layers_file, const char* csv, bool fwd_only, const std::string& only) {
+void run_timing(const char* layers_file, const char* csv, const std::string& ops, const std::string& only) {
   auto layers = read_layers(layers_file);
   FILE* fc = csv ? fopen(csv, "w") : nullptr;
   if (fc) fprintf(fc, "layer,dtype,op,algo,ms,tflops,ws_bytes\n");
@@ -484,9 +493,9 @@ void run_timing(const char* layers_file, const char* csv, bool fwd_only, const s
       {DType::kF32, MathPrecision::kDefault, "tf32", {ConvAlgo::kImplicitPrecompGemm}},
       {DType::kF32, MathPrecision::kHighest, "f32", {ConvAlgo::kImplicitPrecompGemm}},
   };
-  if (fwd_only)
+  if (!ops.empty())  // one operation: IMPLICIT_PRECOMP_GEMM in bf16 unless --only says otherwise
     for (auto& t : tdts) t.algos = {ConvAlgo::kImplicitPrecompGemm};
-  const std::string pick = only.empty() && fwd_only ? "bf16" : only;
+  const std::string pick = only.empty() && !ops.empty() ? "bf16" : only;
   tdts.erase(std::remove_if(tdts.begin(), tdts.end(), [&](const TDt& t) { return !selected(pick, t.name); }),
              tdts.end());
   // GEMM_TIME_EPI: "" all three, "0" plain only, "1" the fused bias+relu epilogue only, "2" bias +
@@ -514,7 +523,7 @@ void run_timing(const char* layers_file, const char* csv, bool fwd_only, const s
       CK(cudaMalloc(&bias, pb.K * es + 16));
       fill_rand<<<64, 256>>>((unsigned char*)bias, pb.K, es, 51, (int)td.in);
       for (ConvOp op : {ConvOp::kForward, ConvOp::kBackwardData, ConvOp::kBackwardFilter}) {
-        if (fwd_only && op != ConvOp::kForward) continue;
+        if (!op_selected(ops, op)) continue;
         double ms3[3] = {-1, -1, -1}, ms_epi = -1, ms_res = -1;
         // (algorithm, epilogue: 0 none, 1 bias + relu, 2 bias + residual + relu)
         std::vector<std::pair<ConvAlgo, int>> runs;
@@ -580,20 +589,22 @@ void run_timing(const char* layers_file, const char* csv, bool fwd_only, const s
 }
 
 int main(int argc, char** argv) {
-  bool quick = false, timing = true, fwd_only = false, checks = true;
+  bool quick = false, timing = true, checks = true;
+  std::string ops;
   const char* layers = "benchmarks/layers-gpu.txt";
   const char* csv = nullptr;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--quick")) quick = true;
     else if (!strcmp(argv[i], "--no-time")) timing = false;
-    else if (!strcmp(argv[i], "--fwd-only")) fwd_only = true;
+    else if (!strcmp(argv[i], "--fwd-only")) ops = "fwd";
+    else if (!strcmp(argv[i], "--op")) ops = argv[++i];
     else if (!strcmp(argv[i], "--no-check")) checks = false;
     else if (!strcmp(argv[i], "--layers")) layers = argv[++i];
     else if (!strcmp(argv[i], "--csv")) csv = argv[++i];
     else if (!strcmp(argv[i], "--only")) only = argv[++i];
   }
-  int f = checks ? run_checks(quick, fwd_only, only) : 0;
-  if (timing) run_timing(layers, csv, fwd_only, only);
+  int f = checks ? run_checks(quick, ops, only) : 0;
+  if (timing) run_timing(layers, csv, ops, only);
   return f ? 1 : 0;
 }
