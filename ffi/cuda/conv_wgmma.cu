@@ -46,8 +46,11 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "conv_cuda.h"
 #include "epilogue.cuh"
@@ -508,8 +511,19 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
     if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
     attr_done.fetch_or(bit, std::memory_order_acq_rel);
   }
+  // CTAs per SM at `smem` bytes, queried once per (device, size): a launch must not pay a driver
+  // query (the sizes come from a handful of layer shapes).
+  static std::mutex occ_mu;
+  static std::map<std::pair<int, int>, int> occ;
   auto per_sm = [&](int smem, int* n) {
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, kern, kThreads, smem);
+    std::lock_guard<std::mutex> lock(occ_mu);
+    if (auto it = occ.find({dev, smem}); it != occ.end()) {
+      *n = it->second;
+      return cudaSuccess;
+    }
+    const cudaError_t q = cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, kern, kThreads, smem);
+    if (q == cudaSuccess) occ[{dev, smem}] = *n;
+    return q;
   };
   // One tile per CTA touches only the first min(K steps, ST) stages, then the C tile: a short
   // reduction (a 1x1 layer over 64 channels: one step) needs less shared memory, so more CTAs
