@@ -1,8 +1,9 @@
 """The Hopper wgmma path of IMPLICIT_PRECOMP_GEMM (NHWC; 16-bit with channels per group a multiple
 of 64, or float32 at DEFAULT precision (TF32) with channels per group a multiple of 32), through
-jaxdnn.conv on the GPU, against the float64 lax oracle: the forward, and backward-data at stride 1
+jaxdnn.conv on the GPU, against the float64 lax oracle: the forward, backward-data at stride 1
 (the forward of dy with the flipped, channel-swapped filter: output channels per group a multiple
-of 64 / 32, input channels per group a multiple of 8). The same calls with JAXDNN_NO_WGMMA=1 run
+of 64 / 32, input channels per group a multiple of 8), and in 16-bit backward-filter (MN-major
+operands, split over pixels; input channels per group a multiple of 64). The same calls with JAXDNN_NO_WGMMA=1 run
 the mma.sync kernel and must agree to rounding. On a non-sm_90 GPU both runs use the mma.sync
 kernel, as do the cases whose channel counts do not qualify. Skipped without a GPU."""
 
@@ -94,6 +95,36 @@ def test_wgmma_backward_data_matches_oracle_and_mma_sync(case, dtype, monkeypatc
   dx_mma = f(w, dy)
   assert relative_error(dx_mma, ref) < tol
   assert relative_error(dx, dx_mma) < tol
+
+
+# Backward-filter runs on wgmma in 16-bit with input channels per group a multiple of 64 (any
+# stride, dilation, padding): the 16-bit-eligible forward cases and the backward-data extras.
+WGRAD_CASES = [c for c in CASES if (c[3] // c[5]) % 64 == 0] + DGRAD_CASES[-1:]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("case", WGRAD_CASES, ids=[c[0] for c in WGRAD_CASES])
+def test_wgmma_backward_filter_matches_oracle_and_mma_sync(case, dtype, monkeypatch):
+  _, spatial, n, c, k, g, filt, stride, dil, pad = case
+  x = rand((n, *spatial, c), dtype, seed=1)
+  w = rand((*filt, c // g, k), dtype, seed=2)
+  kw = dict(window_strides=stride, padding=pad, rhs_dilation=dil,
+            dimension_numbers=DNUMS[len(spatial)], feature_group_count=g)
+  y_shape = jax.eval_shape(lambda a, b: lax_conv_hi(a, b, **kw), x, w).shape
+  dy = rand(y_shape, dtype, seed=7)
+  # the VJP of the convolution in w is its backward-filter (same algorithm)
+  f = jax.jit(lambda a, ct: jax.vjp(
+      lambda b: jaxdnn.conv(a, b, **kw, algo="implicit_precomp_gemm"), w)[1](ct)[0])
+  x64, w64, dy64 = (a.astype(jnp.float64) for a in (x, w, dy))
+  ref = jax.vjp(lambda b: lax_conv_hi(x64, b, **kw), w64)[1](dy64)[0]
+  dw = f(x, dy)
+  assert dw.dtype == dtype and dw.shape == w.shape
+  tol = tolerance(dtype)
+  assert relative_error(dw, ref) < tol
+  monkeypatch.setenv("JAXDNN_NO_WGMMA", "1")  # read per call by the CUDA handler
+  dw_mma = f(x, dy)
+  assert relative_error(dw_mma, ref) < tol
+  assert relative_error(dw, dw_mma) < tol
 
 
 def test_wgmma_forward_grad_and_vmap():

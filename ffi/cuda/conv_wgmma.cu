@@ -434,6 +434,204 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 #endif
 }
 
+// ---- Backward-filter (16-bit operands)
+// dw[tap][c][k] = sum over output pixels o = (n, z, p, q) of x[n, o*str - pad + d(tap)][c] * dy[o][k],
+// d(tap) the tap's dilated displacement. GEMM: M = taps*Cg rows m = tap*Cg + c (dw's HWIO row
+// order), N = Kg, the reduction over the N*Z*P*Q pixels. In both operands the channels are
+// contiguous and the pixels strided, so the tiles are MN-major (the `_mn` wgmma forms, 16-bit
+// only): a stage holds kPix = 64 pixels of each, as 64-channel panels of 64 pixel rows x 128 bytes,
+// 128B-swizzled like the forward's rows (chunk c of row r at c ^ (r % 8)). MN-major descriptor:
+// the 8-row groups of one panel 1024 bytes apart (SBO), panels 8192 bytes apart (LBO). Cg % 64 == 0,
+// so an A panel is 64 channels of one tap. The pixels are split over blockIdx.y into fp32 partials
+// [split][G][taps*Cg][Kg], which wgrad_reduce_kernel sums in split order (deterministic) into dw.
+constexpr int kPix = 64;  // pixels (reduction) per stage: 64 rows of each operand's panels
+constexpr int kPanelBytes = kPix * 128;
+
+struct WgWgradParams {
+  const void* x;
+  const void* dy;
+  float* part;  // [splits][G][Mrows][Kg]
+  int D, H, W, Z, P, Q;
+  int C, K, Cg, Kg;
+  int R, S;
+  int str[3], dil[3], pad[3];
+  int npix;   // N*Z*P*Q: the reduction
+  int Mrows;  // taps*Cg
+  int tilesN;
+  int steps;  // K steps (kPix pixels each) per split
+};
+
+// MN-major, 128-byte swizzle: SBO = 1024 (8-row groups), LBO = the panel stride.
+__device__ __forceinline__ uint64_t sw128_desc_mn(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (uint64_t(kPanelBytes >> 4) << 16) |
+         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+template <int IN, int BN>
+__device__ __forceinline__ void wg_mma_mn(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+  if constexpr (BN == 128) {
+    if constexpr (IN == kInF16) wg::mma_m64n128k16_f16_mn(d, da, db, 1);
+    else wg::mma_m64n128k16_bf16_mn(d, da, db, 1);
+  } else {
+    if constexpr (IN == kInF16) wg::mma_m64n64k16_f16_mn(d, da, db, 1);
+    else wg::mma_m64n64k16_bf16_mn(d, da, db, 1);
+  }
+}
+
+template <int IN, int BM, int BN>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_conv_wgrad_kernel(const WgWgradParams p) {
+#ifdef JAXDNN_HAS_WGMMA
+  using Cf = WgCfg<BM, BN>;  // same stage bytes as the forward: BM and BN rows of 128 bytes
+  constexpr int ST = Cf::ST;
+  constexpr int PA = BM / 64, PB = BN / 64;  // 64-channel panels per stage
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const unsigned short* x = static_cast<const unsigned short*>(p.x);
+  const unsigned short* dy = static_cast<const unsigned short*>(p.dy);
+  const int tid = threadIdx.x, g = blockIdx.z, split = blockIdx.y;
+  const int m_base = (blockIdx.x / p.tilesN) * BM, n_base = (blockIdx.x % p.tilesN) * BN;
+  const int kt0 = split * p.steps;
+  const int nk = min(p.steps, (p.npix + kPix - 1) / kPix - kt0);  // >= 1 (host)
+
+  // Each A panel: one tap's displacement and its first channel (in x's channel dimension).
+  int pa_dz[PA], pa_dh[PA], pa_dw[PA], pa_c[PA];
+  bool pa_ok[PA];
+#pragma unroll
+  for (int a = 0; a < PA; ++a) {
+    const int m = m_base + a * 64;
+    pa_ok[a] = m < p.Mrows;
+    const int tap = pa_ok[a] ? m / p.Cg : 0;
+    const int t = tap / (p.R * p.S), rs = tap - t * (p.R * p.S);
+    const int r = rs / p.S, sx = rs - r * p.S;
+    pa_dz[a] = t * p.dil[0];
+    pa_dh[a] = r * p.dil[1];
+    pa_dw[a] = sx * p.dil[2];
+    pa_c[a] = g * p.Cg + (m - tap * p.Cg);
+  }
+  // Loader: thread = 16-byte chunk cc of pixel rows r0 + 16 i; the swizzled chunk offset is one
+  // constant (every row it touches has the same r % 8).
+  const int cc = tid & 7, r0 = tid >> 3;
+  const int swz = (cc ^ (r0 & 7)) * 16;
+  bool pb_ok[PB];
+#pragma unroll
+  for (int b = 0; b < PB; ++b) pb_ok[b] = n_base + b * 64 + cc * 8 < p.Kg;
+
+  auto load = [&](int kt, int st) {
+    unsigned char* As = smem + st * Cf::STAGE;
+    unsigned char* Bs = As + Cf::A_BYTES;
+#pragma unroll
+    for (int i = 0; i < kPix / 16; ++i) {
+      const int row = r0 + 16 * i, pix = (kt0 + kt) * kPix + row;
+      const bool in = pix < p.npix;
+      int t = in ? pix : 0;
+      const int q = t % p.Q; t /= p.Q;
+      const int pp = t % p.P; t /= p.P;
+      const int z = t % p.Z;
+      const int n = t / p.Z;
+      const int bz = z * p.str[0] - p.pad[0], bh = pp * p.str[1] - p.pad[1], bw = q * p.str[2] - p.pad[2];
+#pragma unroll
+      for (int a = 0; a < PA; ++a) {
+        const int iz = bz + pa_dz[a], ih = bh + pa_dh[a], iw = bw + pa_dw[a];
+        const bool v = in && pa_ok[a] && static_cast<unsigned>(iz) < static_cast<unsigned>(p.D) &&
+                       static_cast<unsigned>(ih) < static_cast<unsigned>(p.H) &&
+                       static_cast<unsigned>(iw) < static_cast<unsigned>(p.W);
+        const long long off =
+            (((static_cast<long long>(n) * p.D + iz) * p.H + ih) * p.W + iw) * p.C + pa_c[a] + cc * 8;
+        cp_async16(As + a * kPanelBytes + row * 128 + swz, x + (v ? off : 0), v);
+      }
+#pragma unroll
+      for (int b = 0; b < PB; ++b) {
+        const bool v = in && pb_ok[b];
+        const long long off = static_cast<long long>(pix) * p.K + static_cast<long long>(g) * p.Kg +
+                              n_base + b * 64 + cc * 8;
+        cp_async16(Bs + b * kPanelBytes + row * 128 + swz, dy + (v ? off : 0), v);
+      }
+    }
+  };
+
+  float acc[PA][BN / 2];
+#pragma unroll
+  for (int a = 0; a < PA; ++a)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[a][i] = 0.f;
+#pragma unroll
+  for (int st = 0; st < ST - 1; ++st) {
+    if (st < nk) load(st, st);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<ST - 2>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const uint32_t sa = smem_u32(smem + (kt % ST) * Cf::STAGE);
+    const uint32_t sb = sa + Cf::A_BYTES;
+#pragma unroll
+    for (int a = 0; a < PA; ++a) fence_acc(acc[a]);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < kPix / 16; ++kk) {  // 16 pixel rows: two 8-row groups (SBO apart)
+      const uint64_t db = sw128_desc_mn(sb + kk * 2048);
+#pragma unroll
+      for (int a = 0; a < PA; ++a)
+        wg_mma_mn<IN, BN>(acc[a], sw128_desc_mn(sa + a * kPanelBytes + kk * 2048), db);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    if (kt + ST - 1 < nk) load(kt + ST - 1, (kt + ST - 1) % ST);
+    cp_async_commit();
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int a = 0; a < PA; ++a) fence_acc(acc[a]);
+  }
+  cp_async_wait<0>();
+  // Accumulator layout as the forward's: warp w rows 16w + lane/4 (+8), columns 8j + 2(lane%4).
+  const int warp = tid >> 5, lane = tid & 31;
+  float* part = p.part + (static_cast<long long>(split) * gridDim.z + g) * p.Mrows * p.Kg;
+#pragma unroll
+  for (int a = 0; a < PA; ++a) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int m = m_base + a * 64 + warp * 16 + (lane >> 2) + 8 * half;
+      if (m >= p.Mrows) continue;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n_base + j * 8 + (lane & 3) * 2;
+        if (col >= p.Kg) break;
+        *reinterpret_cast<float2*>(part + static_cast<long long>(m) * p.Kg + col) =
+            make_float2(acc[a][j * 4 + 2 * half], acc[a][j * 4 + 2 * half + 1]);
+      }
+    }
+  }
+#endif
+}
+
+// dw[m][g*Kg + n] = sum over splits of part[split][g][m][n], four columns per thread (Kg % 8 == 0),
+// in split order; the output dtype is float32 or the operands' 16-bit type.
+__global__ void __launch_bounds__(256) wgrad_reduce_kernel(const float* __restrict part, void* dw,
+                                                           int splits, int G, int Mrows, int Kg,
+                                                           int out32, int f16) {
+  const long long per_split = static_cast<long long>(G) * Mrows * Kg;
+  const long long quads = per_split / 4;
+  for (long long i = blockIdx.x * 256LL + threadIdx.x; i < quads; i += 256LL * gridDim.x) {
+    const long long e = i * 4;
+    float4 sum = reinterpret_cast<const float4*>(part + e)[0];
+    for (int sp = 1; sp < splits; ++sp) {
+      const float4 v = reinterpret_cast<const float4*>(part + sp * per_split + e)[0];
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const int n = static_cast<int>(e % Kg);
+    const long long gm = e / Kg;
+    const int m = static_cast<int>(gm % Mrows), g = static_cast<int>(gm / Mrows);
+    const long long o = static_cast<long long>(m) * G * Kg + static_cast<long long>(g) * Kg + n;
+    if (out32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(dw) + o) = sum;
+    } else {
+      uint2 pk;
+      pk.x = pack2_16(sum.x, sum.y, f16 != 0, false);
+      pk.y = pack2_16(sum.z, sum.w, f16 != 0, false);
+      *reinterpret_cast<uint2*>(static_cast<unsigned short*>(dw) + o) = pk;
+    }
+  }
+}
+
 // wt[k][row] = w[row][k]: HWIO filter as a [taps*Cg][K] matrix -> [K][taps*Cg] (K-major B).
 // fp32 values are rounded to TF32 on the way (free here; the activations cannot be: cp.async).
 template <class E>
@@ -605,11 +803,113 @@ std::string forward_reason(const CudaConvCall& c) {
   return "";
 }
 
+std::string wgrad_reason(const CudaConvCall& c) {
+  const ConvProblem& pb = c.problem;
+  if (c.in != DType::kBF16 && c.in != DType::kF16) return "backward-filter: not 16-bit (MN-major wgmma)";
+  if (c.out != c.in && c.out != DType::kF32) return "result dtype";
+  if (pb.layout != Layout::kNHWC || !pb.unit_lhs_dilation()) return "layout or lhs dilation";
+  if (pb.Cg() % 64 != 0 || pb.Kg() % 8 != 0) return "channels per group";
+  if (pb.x_elems() == 0 || pb.y_elems() == 0 || pb.w_elems() == 0) return "empty operand";
+  if (pb.N * pb.out_pixels() > INT_MAX - kPix || pb.filt_taps() * pb.Cg() > INT_MAX / 2 ||
+      pb.y_elems() > INT_MAX || pb.w_elems() > INT_MAX)
+    return "sizes beyond 32-bit index math";
+  return "";
+}
+
+// Backward-filter's tiles and pixel split, from the shape only (the workspace is sized when JAX
+// lowers the call). Splits: about one wave of CTAs (2 per SM, 132 SMs), each split at least 16
+// K steps (1024 pixels), the fp32 partials at most 256 MiB.
+struct WgradPlan {
+  int BM, BN, tilesM, tilesN, steps, splits;
+  size_t part_bytes;
+};
+WgradPlan wgrad_plan(const ConvProblem& pb) {
+  WgradPlan w;
+  const long long Mrows = pb.filt_taps() * pb.Cg(), Kg = pb.Kg();
+  w.BM = Mrows <= 64 ? 64 : 128;
+  w.BN = Kg <= 64 ? 64 : 128;
+  w.tilesM = static_cast<int>((Mrows + w.BM - 1) / w.BM);
+  w.tilesN = static_cast<int>((Kg + w.BN - 1) / w.BN);
+  const long long tiles = static_cast<long long>(w.tilesM) * w.tilesN * pb.G;
+  const long long total = (pb.N * pb.out_pixels() + kPix - 1) / kPix;
+  const long long per_split = pb.G * Mrows * Kg * 4;
+  long long want = std::max(1LL, (2 * 132 + tiles - 1) / tiles);
+  want = std::min(want, std::max(1LL, total / 16));
+  while (want > 1 && want * per_split > (256LL << 20)) want = (want + 1) / 2;
+  w.steps = static_cast<int>((total + want - 1) / want);
+  w.splits = static_cast<int>((total + w.steps - 1) / w.steps);
+  w.part_bytes = align256(static_cast<size_t>(w.splits) * per_split);
+  return w;
+}
+
+template <int IN, int BM, int BN>
+std::string launch_wgrad(const WgWgradParams& p, const WgradPlan& w, int G, cudaStream_t st) {
+  using Cf = WgCfg<BM, BN>;
+  auto kern = wgmma_conv_wgrad_kernel<IN, BM, BN>;
+  static std::atomic<unsigned long long> attr_done{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(e);
+  const unsigned long long bit = 1ULL << (dev & 63);
+  if (!(attr_done.load(std::memory_order_acquire) & bit)) {
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Cf::PIPE);
+    if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
+    attr_done.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  dim3 grid(static_cast<unsigned>(w.tilesM * w.tilesN), static_cast<unsigned>(w.splits),
+            static_cast<unsigned>(G));
+  kern<<<grid, kThreads, Cf::PIPE, st>>>(p);
+  e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("wgmma wgrad kernel launch: ") + cudaGetErrorString(e);
+}
+
+// Backward-filter on wgmma: the GEMM kernel into the partials, then their reduction into dw.
+std::string run_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
+  const ConvProblem& pb = c.problem;
+  const WgradPlan w = wgrad_plan(pb);
+  WgWgradParams p{};
+  p.x = io.a;
+  p.dy = io.b;
+  p.part = static_cast<float*>(io.workspace);
+  p.D = static_cast<int>(pb.in[0]); p.H = static_cast<int>(pb.in[1]); p.W = static_cast<int>(pb.in[2]);
+  p.Z = static_cast<int>(pb.out[0]); p.P = static_cast<int>(pb.out[1]); p.Q = static_cast<int>(pb.out[2]);
+  p.C = static_cast<int>(pb.C); p.K = static_cast<int>(pb.K);
+  p.Cg = static_cast<int>(pb.Cg()); p.Kg = static_cast<int>(pb.Kg());
+  p.R = static_cast<int>(pb.filt[1]); p.S = static_cast<int>(pb.filt[2]);
+  for (int a = 0; a < 3; ++a) {
+    p.str[a] = static_cast<int>(pb.stride[a]);
+    p.dil[a] = static_cast<int>(pb.dilation[a]);
+    p.pad[a] = static_cast<int>(pb.pad_lo[a]);
+  }
+  p.npix = static_cast<int>(pb.N * pb.out_pixels());
+  p.Mrows = static_cast<int>(pb.filt_taps() * pb.Cg());
+  p.tilesN = w.tilesN;
+  p.steps = w.steps;
+  const int G = static_cast<int>(pb.G);
+  auto run = [&](auto in_tag) {
+    constexpr int I = decltype(in_tag)::value;
+    if (w.BM == 128 && w.BN == 128) return launch_wgrad<I, 128, 128>(p, w, G, io.stream);
+    if (w.BM == 128) return launch_wgrad<I, 128, 64>(p, w, G, io.stream);
+    if (w.BN == 128) return launch_wgrad<I, 64, 128>(p, w, G, io.stream);
+    return launch_wgrad<I, 64, 64>(p, w, G, io.stream);
+  };
+  std::string err = c.in == DType::kF16 ? run(std::integral_constant<int, kInF16>{})
+                                         : run(std::integral_constant<int, kInBF16>{});
+  if (!err.empty()) return err;
+  const long long quads = pb.G * static_cast<long long>(p.Mrows) * p.Kg / 4;
+  const int blocks = static_cast<int>(std::max(1LL, std::min((quads + 255) / 256, 132LL * 16)));
+  wgrad_reduce_kernel<<<blocks, 256, 0, io.stream>>>(p.part, io.out, w.splits, G, p.Mrows, p.Kg,
+                                                      c.out == DType::kF32 ? 1 : 0,
+                                                      c.in == DType::kF16 ? 1 : 0);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("wgmma wgrad reduce launch: ") + cudaGetErrorString(e);
+}
+
 }  // namespace
 
 std::string wgmma_reason(const CudaConvCall& c) {
   if (c.algo != ConvAlgo::kImplicitPrecompGemm) return "not IMPLICIT_PRECOMP_GEMM";
-  if (c.op == ConvOp::kBackwardFilter) return "backward-filter";
+  if (c.op == ConvOp::kBackwardFilter) return wgrad_reason(c);
   if (c.op == ConvOp::kBackwardData) {
     const ConvProblem& pb = c.problem;
     if (pb.stride[0] != 1 || pb.stride[1] != 1 || pb.stride[2] != 1) return "backward-data with stride > 1";
@@ -618,9 +918,9 @@ std::string wgmma_reason(const CudaConvCall& c) {
 }
 
 size_t wgmma_workspace_bytes(const CudaConvCall& c) {
-  return wgmma_reason(c).empty()
-             ? align256(static_cast<size_t>(c.problem.w_elems()) * dtype_bytes(c.in))
-             : 0;
+  if (!wgmma_reason(c).empty()) return 0;
+  if (c.op == ConvOp::kBackwardFilter) return wgrad_plan(c.problem).part_bytes;
+  return align256(static_cast<size_t>(c.problem.w_elems()) * dtype_bytes(c.in));
 }
 
 bool wgmma_switched_off() {
@@ -638,8 +938,13 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
     return true;
   }
   // 16-byte cp.async and stores need aligned operands (XLA's buffers are); else mma.sync runs
-  if ((reinterpret_cast<uintptr_t>(io.out) & 15) != 0 || (reinterpret_cast<uintptr_t>(io.a) & 15) != 0)
+  if ((reinterpret_cast<uintptr_t>(io.out) & 15) != 0 || (reinterpret_cast<uintptr_t>(io.a) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(io.b) & 15) != 0)
     return false;
+  if (call.op == ConvOp::kBackwardFilter) {
+    *err = run_wgrad(call, io);
+    return true;
+  }
   WgParams p{};
   p.x = io.a;
   p.wt = io.workspace;
