@@ -72,9 +72,9 @@ def test_wgmma_forward_matches_oracle_and_mma_sync(case, dtype, out_dtype, monke
   assert relative_error(y, y_mma) < tol
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=["bf16", "f16", "tf32"])
-@pytest.mark.parametrize("case", DGRAD_CASES, ids=[c[0] for c in DGRAD_CASES])
-def test_wgmma_backward_data_matches_oracle_and_mma_sync(case, dtype, monkeypatch):
+def _check_vjp(case, dtype, wrt, monkeypatch):
+  """The VJP of jaxdnn.conv (IMPLICIT_PRECOMP_GEMM) in x (wrt=0: backward-data) or w (wrt=1:
+  backward-filter, same algorithm) against the float64 oracle, then again on mma.sync."""
   _, spatial, n, c, k, g, filt, stride, dil, pad = case
   x = rand((n, *spatial, c), dtype, seed=1)
   w = rand((*filt, c // g, k), dtype, seed=2)
@@ -82,19 +82,24 @@ def test_wgmma_backward_data_matches_oracle_and_mma_sync(case, dtype, monkeypatc
             dimension_numbers=DNUMS[len(spatial)], feature_group_count=g)
   y_shape = jax.eval_shape(lambda a, b: lax_conv_hi(a, b, **kw), x, w).shape
   dy = rand(y_shape, dtype, seed=7)
-  # the VJP of the convolution in x is its backward-data (same algorithm)
-  f = jax.jit(lambda b, ct: jax.vjp(
-      lambda a: jaxdnn.conv(a, b, **kw, algo="implicit_precomp_gemm"), x)[1](ct)[0])
+  conv = lambda a, b: jaxdnn.conv(a, b, **kw, algo="implicit_precomp_gemm")
+  f = jax.jit(lambda a, b, ct: jax.vjp(conv, a, b)[1](ct)[wrt])
   x64, w64, dy64 = (a.astype(jnp.float64) for a in (x, w, dy))
-  ref = jax.vjp(lambda a: lax_conv_hi(a, w64, **kw), x64)[1](dy64)[0]
-  dx = f(w, dy)
-  assert dx.dtype == dtype and dx.shape == x.shape
+  ref = jax.vjp(lambda a, b: lax_conv_hi(a, b, **kw), x64, w64)[1](dy64)[wrt]
+  got = f(x, w, dy)
+  assert got.dtype == dtype and got.shape == (x, w)[wrt].shape
   tol = tolerance(dtype)
-  assert relative_error(dx, ref) < tol
+  assert relative_error(got, ref) < tol
   monkeypatch.setenv("JAXDNN_NO_WGMMA", "1")  # read per call by the CUDA handler
-  dx_mma = f(w, dy)
-  assert relative_error(dx_mma, ref) < tol
-  assert relative_error(dx, dx_mma) < tol
+  got_mma = f(x, w, dy)
+  assert relative_error(got_mma, ref) < tol
+  assert relative_error(got, got_mma) < tol
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=["bf16", "f16", "tf32"])
+@pytest.mark.parametrize("case", DGRAD_CASES, ids=[c[0] for c in DGRAD_CASES])
+def test_wgmma_backward_data_matches_oracle_and_mma_sync(case, dtype, monkeypatch):
+  _check_vjp(case, dtype, 0, monkeypatch)
 
 
 # Backward-filter runs on wgmma in 16-bit with input channels per group a multiple of 64 (any
@@ -105,26 +110,7 @@ WGRAD_CASES = [c for c in CASES if (c[3] // c[5]) % 64 == 0] + DGRAD_CASES[-1:]
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("case", WGRAD_CASES, ids=[c[0] for c in WGRAD_CASES])
 def test_wgmma_backward_filter_matches_oracle_and_mma_sync(case, dtype, monkeypatch):
-  _, spatial, n, c, k, g, filt, stride, dil, pad = case
-  x = rand((n, *spatial, c), dtype, seed=1)
-  w = rand((*filt, c // g, k), dtype, seed=2)
-  kw = dict(window_strides=stride, padding=pad, rhs_dilation=dil,
-            dimension_numbers=DNUMS[len(spatial)], feature_group_count=g)
-  y_shape = jax.eval_shape(lambda a, b: lax_conv_hi(a, b, **kw), x, w).shape
-  dy = rand(y_shape, dtype, seed=7)
-  # the VJP of the convolution in w is its backward-filter (same algorithm)
-  f = jax.jit(lambda a, ct: jax.vjp(
-      lambda b: jaxdnn.conv(a, b, **kw, algo="implicit_precomp_gemm"), w)[1](ct)[0])
-  x64, w64, dy64 = (a.astype(jnp.float64) for a in (x, w, dy))
-  ref = jax.vjp(lambda b: lax_conv_hi(x64, b, **kw), w64)[1](dy64)[0]
-  dw = f(x, dy)
-  assert dw.dtype == dtype and dw.shape == w.shape
-  tol = tolerance(dtype)
-  assert relative_error(dw, ref) < tol
-  monkeypatch.setenv("JAXDNN_NO_WGMMA", "1")  # read per call by the CUDA handler
-  dw_mma = f(x, dy)
-  assert relative_error(dw_mma, ref) < tol
-  assert relative_error(dw, dw_mma) < tol
+  _check_vjp(case, dtype, 1, monkeypatch)
 
 
 def test_wgmma_forward_grad_and_vmap():

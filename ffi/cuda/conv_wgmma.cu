@@ -84,14 +84,31 @@ struct WgType {
 };
 int k_step(DType in) { return kRowBytes / static_cast<int>(dtype_bytes(in)); }  // host: BK
 
-struct WgParams {
-  const void* x;
-  const void* wt;  // [G*Kg][taps*Cg]
-  void* y;
+// Geometry of a convolution as the kernels index it (32-bit; the support checks bound it).
+struct WgGeom {
   int D, H, W, Z, P, Q;
   int C, K, Cg, Kg;
   int R, S;
   int str[3], dil[3], pad[3];
+};
+
+void set_geometry(WgGeom& g, const ConvProblem& pb) {
+  g.D = static_cast<int>(pb.in[0]); g.H = static_cast<int>(pb.in[1]); g.W = static_cast<int>(pb.in[2]);
+  g.Z = static_cast<int>(pb.out[0]); g.P = static_cast<int>(pb.out[1]); g.Q = static_cast<int>(pb.out[2]);
+  g.C = static_cast<int>(pb.C); g.K = static_cast<int>(pb.K);
+  g.Cg = static_cast<int>(pb.Cg()); g.Kg = static_cast<int>(pb.Kg());
+  g.R = static_cast<int>(pb.filt[1]); g.S = static_cast<int>(pb.filt[2]);
+  for (int a = 0; a < 3; ++a) {
+    g.str[a] = static_cast<int>(pb.stride[a]);
+    g.dil[a] = static_cast<int>(pb.dilation[a]);
+    g.pad[a] = static_cast<int>(pb.pad_lo[a]);
+  }
+}
+
+struct WgParams : WgGeom {
+  const void* x;
+  const void* wt;  // [G*Kg][taps*Cg]
+  void* y;
   int M, ntap, Kred, tilesM, tilesN;
   int out;  // 0: same 16-bit type as the input, 1: float32 (always for tf32)
   int pipe_bytes;  // shared memory of the pipeline stages (and C tile); the tap table follows
@@ -447,14 +464,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 constexpr int kPix = 64;  // pixels (reduction) per stage: 64 rows of each operand's panels
 constexpr int kPanelBytes = kPix * 128;
 
-struct WgWgradParams {
+struct WgWgradParams : WgGeom {
   const void* x;
   const void* dy;
   float* part;  // [splits][G][Mrows][Kg]
-  int D, H, W, Z, P, Q;
-  int C, K, Cg, Kg;
-  int R, S;
-  int str[3], dil[3], pad[3];
   int npix;   // N*Z*P*Q: the reduction
   int Mrows;  // taps*Cg
   int tilesN;
@@ -694,21 +707,29 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
+// Lets `kern` take `bytes` of dynamic shared memory on the current device (*dev), once per device
+// (`done`: a bit per device ordinal).
+template <class Kern>
+std::string allow_smem(Kern kern, int bytes, std::atomic<unsigned long long>& done, int* dev) {
+  cudaError_t e = cudaGetDevice(dev);
+  if (e != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(e);
+  const unsigned long long bit = 1ULL << (*dev & 63);
+  if (done.load(std::memory_order_acquire) & bit) return "";
+  e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
+  done.fetch_or(bit, std::memory_order_acq_rel);
+  return "";
+}
+
 template <int IN, int BM, int BN>
 std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   using Cf = WgCfg<BM, BN>;
   auto kern = wgmma_conv_fwd_kernel<IN, BM, BN>;
   static std::atomic<unsigned long long> attr_done{0};
   int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(e);
-  const unsigned long long bit = 1ULL << (dev & 63);
   const int smem_max = Cf::PIPE + kEpiBiasBytes + Cf::RES_BYTES + kMaxTaps * 16;
-  if (!(attr_done.load(std::memory_order_acquire) & bit)) {
-    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max);
-    if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
-    attr_done.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  if (std::string err = allow_smem(kern, smem_max, attr_done, &dev); !err.empty()) return err;
+  cudaError_t e;
   // CTAs per SM at `smem` bytes, queried once per (device, size): a launch must not pay a driver
   // query (the sizes come from a handful of layer shapes).
   static std::mutex occ_mu;
@@ -848,18 +869,11 @@ std::string launch_wgrad(const WgWgradParams& p, const WgradPlan& w, int G, cuda
   auto kern = wgmma_conv_wgrad_kernel<IN, BM, BN>;
   static std::atomic<unsigned long long> attr_done{0};
   int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return std::string("cudaGetDevice: ") + cudaGetErrorString(e);
-  const unsigned long long bit = 1ULL << (dev & 63);
-  if (!(attr_done.load(std::memory_order_acquire) & bit)) {
-    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, Cf::PIPE);
-    if (e != cudaSuccess) return std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e);
-    attr_done.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  if (std::string err = allow_smem(kern, Cf::PIPE, attr_done, &dev); !err.empty()) return err;
   dim3 grid(static_cast<unsigned>(w.tilesM * w.tilesN), static_cast<unsigned>(w.splits),
             static_cast<unsigned>(G));
   kern<<<grid, kThreads, Cf::PIPE, st>>>(p);
-  e = cudaGetLastError();
+  const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("wgmma wgrad kernel launch: ") + cudaGetErrorString(e);
 }
 
@@ -871,16 +885,7 @@ std::string run_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
   p.x = io.a;
   p.dy = io.b;
   p.part = static_cast<float*>(io.workspace);
-  p.D = static_cast<int>(pb.in[0]); p.H = static_cast<int>(pb.in[1]); p.W = static_cast<int>(pb.in[2]);
-  p.Z = static_cast<int>(pb.out[0]); p.P = static_cast<int>(pb.out[1]); p.Q = static_cast<int>(pb.out[2]);
-  p.C = static_cast<int>(pb.C); p.K = static_cast<int>(pb.K);
-  p.Cg = static_cast<int>(pb.Cg()); p.Kg = static_cast<int>(pb.Kg());
-  p.R = static_cast<int>(pb.filt[1]); p.S = static_cast<int>(pb.filt[2]);
-  for (int a = 0; a < 3; ++a) {
-    p.str[a] = static_cast<int>(pb.stride[a]);
-    p.dil[a] = static_cast<int>(pb.dilation[a]);
-    p.pad[a] = static_cast<int>(pb.pad_lo[a]);
-  }
+  set_geometry(p, pb);
   p.npix = static_cast<int>(pb.N * pb.out_pixels());
   p.Mrows = static_cast<int>(pb.filt_taps() * pb.Cg());
   p.tilesN = w.tilesN;
@@ -949,16 +954,7 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   p.x = io.a;
   p.wt = io.workspace;
   p.y = io.out;
-  p.D = static_cast<int>(pb.in[0]); p.H = static_cast<int>(pb.in[1]); p.W = static_cast<int>(pb.in[2]);
-  p.Z = static_cast<int>(pb.out[0]); p.P = static_cast<int>(pb.out[1]); p.Q = static_cast<int>(pb.out[2]);
-  p.C = static_cast<int>(pb.C); p.K = static_cast<int>(pb.K);
-  p.Cg = static_cast<int>(pb.Cg()); p.Kg = static_cast<int>(pb.Kg());
-  p.R = static_cast<int>(pb.filt[1]); p.S = static_cast<int>(pb.filt[2]);
-  for (int a = 0; a < 3; ++a) {
-    p.str[a] = static_cast<int>(pb.stride[a]);
-    p.dil[a] = static_cast<int>(pb.dilation[a]);
-    p.pad[a] = static_cast<int>(pb.pad_lo[a]);
-  }
+  set_geometry(p, pb);
   p.M = static_cast<int>(pb.N * pb.out_pixels());
   p.ntap = static_cast<int>(pb.filt_taps());
   p.Kred = p.ntap * p.Cg;
