@@ -55,11 +55,7 @@
 #include "conv_cuda.h"
 #include "epilogue.cuh"
 #include "gemm_primitives.cuh"
-#include "wgmma_ops.cuh"
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define JAXDNN_HAS_WGMMA 1
-#endif
+#include "wgmma_util.cuh"
 
 namespace jaxdnn::cuda {
 namespace {
@@ -129,18 +125,6 @@ struct WgCfg {
   static_assert(BM * LDC * 4 <= PIPE, "the C tile must fit in the pipeline buffers");
   static constexpr int res_bytes() { return BM * BN * 2; }  // a tile of 16-bit residuals (epi_smem)
 };
-
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
-  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) |
-         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-
-template <int N>
-__device__ __forceinline__ void fence_acc(float (&a)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(a[i])::"memory");
-}
 
 // One 32-byte K slice of the stage: k16 for 16-bit types, k8 for tf32.
 template <int IN, int BN>
@@ -691,22 +675,6 @@ __global__ void __launch_bounds__(256) flip_swap_filter_kernel(const E* __restri
 }
 
 size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
-
-// Is the current device an sm_90 (Hopper) part? Cached per device.
-bool device_is_sm90() {
-  static std::atomic<unsigned long long> known{0}, yes{0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  const unsigned long long bit = 1ULL << (dev & 63);
-  if (known.load(std::memory_order_acquire) & bit) return yes.load(std::memory_order_acquire) & bit;
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return false;
-  if (major == 9 && minor == 0) yes.fetch_or(bit, std::memory_order_acq_rel);
-  known.fetch_or(bit, std::memory_order_acq_rel);
-  return major == 9 && minor == 0;
-}
 
 // Lets `kern` take `bytes` of dynamic shared memory on the current device (*dev), once per device
 // (`done`: a bit per device ordinal).

@@ -63,6 +63,9 @@
 #include <type_traits>
 
 #include "conv_cuda.h"
+#ifndef JAXDNN_WINO_EMULATION
+#include "wgmma_util.cuh"
+#endif
 
 #ifdef JAXDNN_WINO_EMULATION
 #define WINO_SMEM static  // host emulation (tests/cuda/winograd/emu): one block at a time
@@ -1297,16 +1300,217 @@ __global__ void __launch_bounds__(kThreads, WIDE && kTcFlush ? 1 : WINO_TC_MINB)
       }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The forward-shaped batched GEMM (A m-major: forward and backward-data passes) on Hopper's
+// warpgroup MMA, sm_90a: the same 3xTF32 products as gemm_tc_kernel (big_a small_b + small_a
+// big_b + big_a big_b, each stage's 12 products into a zeroed partial added to the accumulator
+// in fp32), same GemmArgs, grid and zero-fill contract. CTA 128 x BN x 32 (BN = 128, or 64 when
+// N <= 64), two warpgroups of 64 rows each, one CTA per SM (about 194 KB of shared memory).
+// tf32 wgmma reads both operands K-major from shared memory, and splitting a value takes a pass
+// over it, so each K step (32 values) goes through three buffers:
+//   raw ring (kWgStages deep, cp.async): A [128][32] fp32 in the 128-byte-swizzled rows wgmma
+//     reads (chunk c of row r at c ^ (r % 8)); B [32][BN] as stored (n contiguous), rows padded
+//     by 16 bytes;
+//   split (double-buffered): the CTA's 256 threads write big(A) over the raw A in place and
+//     small(A) beside it; B is transposed into K-major swizzled big(B) and small(B) rows.
+// The split of step k + 1 runs while the tensor cores multiply step k (wgmma is asynchronous).
+// Taken on sm_90 devices for float compute unless JAXDNN_WINO_GEMM=mma (gemm_tc_kernel) or simt;
+// written in session 18 and opt-in (JAXDNN_WINO_WGMMA=1) until checked on a GPU.
+constexpr int kWgBM = 128, kWgBK = 32, kWgStages = 3;
+template <int BN>
+struct WgGemmCfg {
+  static constexpr int A_BYTES = kWgBM * 128;        // A tile: 128 rows x 32 fp32
+  static constexpr int BT_BYTES = BN * 128;          // K-major B tile: BN rows x 32 fp32
+  static constexpr int B_LD = BN + 4;                // raw B row pitch, floats
+  static constexpr int BRAW_BYTES = kWgBK * B_LD * 4;
+  // Byte offsets (every swizzled buffer 1024-aligned): raw A ring, then per split buffer
+  // small(A), big(B), small(B), then the raw B ring.
+  static constexpr int SPLIT_BYTES = A_BYTES + 2 * BT_BYTES;
+  static constexpr int SPLIT0 = kWgStages * A_BYTES;
+  static constexpr int BRAW0 = SPLIT0 + 2 * SPLIT_BYTES;
+  static constexpr int BYTES = BRAW0 + kWgStages * BRAW_BYTES;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <int BN>
+__device__ __forceinline__ void wg_mma_tf32(float (&d)[BN / 2], uint64_t da, uint64_t db, int acc) {
+  if constexpr (BN == 128) wg::mma_m64n128k8_tf32(d, da, db, acc);
+  else wg::mma_m64n64k8_tf32(d, da, db, acc);
+}
+
+template <int BN>
+__global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(GemmArgs p) {
+#ifdef JAXDNN_HAS_WGMMA
+  using Cf = WgGemmCfg<BN>;
+  constexpr int BM = kWgBM, BK = kWgBK, ST = kWgStages;
+  extern __shared__ __align__(1024) unsigned char wg_smem[];
+  unsigned char* const smem = wg_smem;  // 1024-aligned: the swizzle atoms
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = tid / 128;
+  const GemmBlock blk = gemm_block(p);
+  const i64 m0 = blk.mb * BM, n0 = blk.nb * BN;
+  const int klen = blk.klen;
+  const float* A = static_cast<const float*>(p.A) + blk.xi * p.a_xi + blk.g * p.a_g + blk.s * p.a_s;
+  const float* B = static_cast<const float*>(p.B) + blk.xi * p.b_xi + blk.g * p.b_g + blk.s * p.b_s;
+  const int nk = (klen + BK - 1) / BK;
+
+  // Raw stage kt into ring slot st (zeros past M, N and klen; all three are multiples of 4).
+  auto load = [&](int st, int kt) {
+    const int kb = kt * BK;
+    unsigned char* as = smem + st * Cf::A_BYTES;
+#pragma unroll
+    for (int i = 0; i < BM * 8 / kThreads; ++i) {  // A: 8 chunks of 16 bytes per row
+      const int q = tid + i * kThreads, row = q / 8, c = q % 8;
+      const bool ok = m0 + row < p.M && kb + c * 4 < klen;
+      cp_async16(as + row * 128 + ((c ^ (row % 8)) * 16),
+                 ok ? A + (m0 + row) * p.lda + kb + c * 4 : static_cast<const float*>(p.A), ok);
+    }
+    float* bs = reinterpret_cast<float*>(smem + Cf::BRAW0 + st * Cf::BRAW_BYTES);
+#pragma unroll
+    for (int i = 0; i < BK * BN / 4 / kThreads; ++i) {  // B: BN / 4 chunks per k row
+      const int q = tid + i * kThreads, k = q / (BN / 4), c = q % (BN / 4);
+      const bool ok = kb + k < klen && n0 + c * 4 < p.N;
+      cp_async16(bs + k * Cf::B_LD + c * 4,
+                 ok ? B + (kb + k) * p.ldb + n0 + c * 4 : static_cast<const float*>(p.B), ok);
+    }
+  };
+  // Split ring slot st into split buffer sb: big(x) = tf32(x) rounded to nearest, small(x) =
+  // x - big(x) (split_tf32). B: lane = k (32 values of a raw row), warp = groups of 4 columns n;
+  // the K-major writes (row n, chunk (k / 4) ^ (n % 8)) of a warp hit 32 distinct banks.
+  auto split = [&](int st, int sb) {
+    unsigned char* as = smem + st * Cf::A_BYTES;
+    unsigned char* sp = smem + Cf::SPLIT0 + sb * Cf::SPLIT_BYTES;
+#pragma unroll
+    for (int i = 0; i < BM * 8 / kThreads; ++i) {
+      const int off = (tid + i * kThreads) * 16;
+      float4 v = *reinterpret_cast<const float4*>(as + off);
+      uint32_t b[4], s[4];
+      split_tf32(v.x, b[0], s[0]);
+      split_tf32(v.y, b[1], s[1]);
+      split_tf32(v.z, b[2], s[2]);
+      split_tf32(v.w, b[3], s[3]);
+      *reinterpret_cast<uint4*>(as + off) = make_uint4(b[0], b[1], b[2], b[3]);
+      *reinterpret_cast<uint4*>(sp + off) = make_uint4(s[0], s[1], s[2], s[3]);
+    }
+    const float* bs = reinterpret_cast<const float*>(smem + Cf::BRAW0 + st * Cf::BRAW_BYTES);
+    unsigned char* bbig = sp + Cf::A_BYTES;
+    unsigned char* bsmall = bbig + Cf::BT_BYTES;
+    const int k = lane;
+#pragma unroll
+    for (int j = 0; j < BN / 4 / 8; ++j) {
+      const int n4 = j * 8 + warp;
+      const float4 v = *reinterpret_cast<const float4*>(bs + k * Cf::B_LD + n4 * 4);
+      const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int n = n4 * 4 + u;
+        const int off = n * 128 + (((k / 4) ^ (n % 8)) * 16) + (k % 4) * 4;
+        uint32_t b, s;
+        split_tf32(e[u], b, s);
+        *reinterpret_cast<uint32_t*>(bbig + off) = b;
+        *reinterpret_cast<uint32_t*>(bsmall + off) = s;
+      }
+    }
+  };
+
+  float acc[BN / 2], part[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = part[i] = 0.f;
+#pragma unroll
+  for (int st = 0; st < ST - 1; ++st) {
+    if (st < nk) load(st, st);
+    cp_async_commit();
+  }
+  cp_async_wait<ST - 2>();  // step 0 landed (this thread's copies) ...
+  __syncthreads();          // ... and everyone's
+  if (nk > 0) split(0, 0);
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes -> wgmma reads
+  __syncthreads();
+#pragma unroll 1
+  for (int kt = 0; kt < nk; ++kt) {
+    const uint32_t a_big = smem_u32(smem + (kt % ST) * Cf::A_BYTES) + wg * 64 * 128;
+    const uint32_t sp = smem_u32(smem + Cf::SPLIT0 + (kt % 2) * Cf::SPLIT_BYTES);
+    const uint32_t a_small = sp + wg * 64 * 128, b_big = sp + Cf::A_BYTES,
+                   b_small = b_big + Cf::BT_BYTES;
+    fence_acc(part);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < BK / 8; ++kk) {  // k8 slices: 32 bytes of each 128-byte row
+      const int o = kk * 32;
+      wg_mma_tf32<BN>(part, sw128_desc(a_small + o), sw128_desc(b_big + o), kk > 0);
+      wg_mma_tf32<BN>(part, sw128_desc(a_big + o), sw128_desc(b_small + o), 1);
+      wg_mma_tf32<BN>(part, sw128_desc(a_big + o), sw128_desc(b_big + o), 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    // Ring slot (kt - 1) % ST and split buffer (kt + 1) % 2 were last read by step kt - 1's
+    // wgmma, complete (waited) before the previous iteration's closing barrier.
+    if (kt + ST - 1 < nk) load((kt + ST - 1) % ST, kt + ST - 1);
+    cp_async_commit();
+    if (kt + 1 < nk) {
+      cp_async_wait<ST - 2>();
+      __syncthreads();
+      split((kt + 1) % ST, (kt + 1) % 2);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    fence_acc(part);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] += part[i];
+    __syncthreads();  // the split of step kt + 1 is complete; every warpgroup is past step kt
+  }
+  cp_async_wait<0>();
+
+  // Accumulator layout (m64nBN): warp w of the warpgroup holds rows 16 (w % 4) + lane / 4 (+ 8),
+  // columns 8 j + 2 (lane % 4) (+ 1) in acc[4 j + {0, 1}] (and acc[4 j + {2, 3}] for row + 8).
+  const i64 em = p.M - m0, en = p.N - n0;
+  float* C = static_cast<float*>(p.C) + blk.xi * p.c_xi + blk.g * p.c_g + blk.s * p.c_s +
+             m0 * p.ldc + n0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wg * 64 + (warp % 4) * 16 + lane / 4 + h * 8;
+    if (r >= em) continue;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      if (col >= en) break;  // N is a multiple of 8: a column pair is whole
+      float2* dst = reinterpret_cast<float2*>(C + r * p.ldc + col);
+      float2 o = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      if (p.accumulate) {
+        const float2 prev = *dst;
+        o.x += prev.x, o.y += prev.y;
+      }
+      *dst = o;
+    }
+  }
+#endif
+}
 #endif  // JAXDNN_WINO_TC
 
-// The tensor-core GEMM for float compute where it is built, unless JAXDNN_WINO_GEMM=simt.
+// The GEMM kernels for float compute: JAXDNN_WINO_GEMM=simt runs gemm_kernel (FFMA), =mma
+// gemm_tc_kernel everywhere; by default the tensor cores, with gemm_wgmma_kernel for the
+// forward-shaped passes on sm_90 devices.
+const char* wino_gemm_env() {
+  static const char* v = std::getenv("JAXDNN_WINO_GEMM");
+  return v != nullptr ? v : "";
+}
 bool use_tc_gemm() {
 #ifdef JAXDNN_WINO_TC
-  static const bool tc = [] {
-    const char* v = std::getenv("JAXDNN_WINO_GEMM");
-    return v == nullptr || std::strcmp(v, "simt") != 0;
+  return std::strcmp(wino_gemm_env(), "simt") != 0;
+#else
+  return false;
+#endif
+}
+bool use_wgmma_gemm() {
+#ifdef JAXDNN_WINO_TC
+  // Opt-in (JAXDNN_WINO_WGMMA=1) until scripts/gpu-ab has checked it on a GPU.
+  static const bool opted_in = [] {
+    const char* v = std::getenv("JAXDNN_WINO_WGMMA");
+    return v != nullptr && v[0] == '1';
   }();
-  return tc;
+  return opted_in && use_tc_gemm() && std::strcmp(wino_gemm_env(), "mma") != 0 && device_is_sm90();
 #else
   return false;
 #endif
@@ -1902,6 +2106,19 @@ void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st)
   const size_t sn = gemm_smem_dynamic<Tc, false>() ? gemm_smem_bytes<Tc, false>() : 0;
 #ifdef JAXDNN_WINO_TC
   if constexpr (std::is_same_v<Tc, float>) {
+    if (!a_kmajor && use_wgmma_gemm()) {
+      a.mblocks = ceil_div(a.M, kWgBM);
+      a.nblocks = ceil_div(a.N, a.N > 64 ? 128 : 64);
+      const i64 wgrid = a.mblocks * a.nblocks * points * a.G * a.S;
+      if (a.N > 64) {
+        gemm_smem_optin(gemm_wgmma_kernel<128>, WgGemmCfg<128>::BYTES);
+        gemm_wgmma_kernel<128><<<wgrid, kThreads, WgGemmCfg<128>::BYTES, st>>>(a);
+      } else {
+        gemm_smem_optin(gemm_wgmma_kernel<64>, WgGemmCfg<64>::BYTES);
+        gemm_wgmma_kernel<64><<<wgrid, kThreads, WgGemmCfg<64>::BYTES, st>>>(a);
+      }
+      return;
+    }
     if (use_tc_gemm()) {
       if (a_kmajor && wide) {
         gemm_smem_optin(gemm_tc_kernel<true, true>, tc_smem_bytes<true, true>());

@@ -4,7 +4,7 @@
 set -e
 cd "$(dirname "$0")/../../.."
 OUTD=/tmp/jaxdnn-gemmcheck; mkdir -p $OUTD
-F="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -I ffi/include -I ffi/cuda"
+F="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -DJAXDNN_SM90A=1 --expt-relaxed-constexpr -lineinfo -I ffi/include -I ffi/cuda"
 objs=()
 for f in conv_gemm_family conv_gemm_fwd conv_gemm_dgrad conv_gemm_wgrad conv_wgmma; do
   nvcc $F -c ffi/cuda/$f.cu -o $OUTD/$f.o &

@@ -11,7 +11,7 @@ O=${1:-${OUT:-/tmp/out}}; mkdir -p "$O"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$O/info.txt"
 t0=$SECONDS
 B=$O/wino_check
-nvcc -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 --expt-relaxed-constexpr -lineinfo \
+nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -DJAXDNN_SM90A=1 --expt-relaxed-constexpr -lineinfo \
   -Xptxas -v -I ffi/include -I ffi/cuda tests/cuda/winograd/check.cu ffi/cuda/conv_winograd.cu \
   -o "$B" > "$O/build.txt" 2>&1 || { grep -v "ptxas info" "$O/build.txt" | head -50; exit 1; }
 echo "build $((SECONDS-t0)) s"

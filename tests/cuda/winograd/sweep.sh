@@ -60,7 +60,7 @@ fi
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$O/info.txt"
 git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$O/info.txt"
-NV="nvcc -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 --expt-relaxed-constexpr -lineinfo
+NV="nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -DJAXDNN_SM90A=1 --expt-relaxed-constexpr -lineinfo
     -I ffi/include -I ffi/cuda"
 B=$O/build; mkdir -p "$B"
 # check.cu does not depend on the macros: one object for all variants.
