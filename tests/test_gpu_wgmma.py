@@ -103,17 +103,13 @@ def test_wgmma_backward_data_matches_oracle_and_mma_sync(case, dtype, monkeypatc
 
 
 # Backward-filter runs on wgmma in 16-bit with input channels per group a multiple of 64 (any
-# stride, dilation, padding), for now only with JAXDNN_WGMMA_WGRAD=1: the 16-bit-eligible
-# forward cases and the backward-data extras.
+# stride, dilation, padding): the 16-bit-eligible forward cases and the backward-data extras.
 WGRAD_CASES = [c for c in CASES if (c[3] // c[5]) % 64 == 0] + DGRAD_CASES[-1:]
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("case", WGRAD_CASES, ids=[c[0] for c in WGRAD_CASES])
 def test_wgmma_backward_filter_matches_oracle_and_mma_sync(case, dtype, monkeypatch):
-  # opt-in until this test has passed on a GPU (conv_wgmma.cu, wgrad_reason); read when the call
-  # is lowered (workspace) and when it runs
-  monkeypatch.setenv("JAXDNN_WGMMA_WGRAD", "1")
   _check_vjp(case, dtype, 1, monkeypatch)
 
 

@@ -34,8 +34,9 @@
 // Taken when (wgmma_reason() == ""): forward, or backward-data at stride 1, of
 // IMPLICIT_PRECOMP_GEMM; bf16/f16 in with out = in or f32, or f32 in and out at precision !=
 // HIGHEST; NHWC, unit lhs dilation, and in the forward view Cg % BK == 0 (a K step never straddles
-// two taps: 64 channels in 16-bit, 32 in fp32), Kg % 8 == 0, at most 256 taps; and the device is
-// sm_90. Otherwise conv_gemm_family.cu's mma.sync kernel runs the same algorithm (same family,
+// two taps: 64 channels in 16-bit, 32 in fp32), Kg % 8 == 0, at most 256 taps; or backward-filter
+// in 16-bit, NHWC, Cg % 64 == 0, Kg % 8 == 0 (wgrad_reason; its own kernel, below); and the device
+// is sm_90 with sm_90a code built (device_is_sm90). Otherwise conv_gemm_family.cu's mma.sync kernel runs the same algorithm (same family,
 // same tap tables).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -435,8 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 #endif
 }
 
-// ---- Backward-filter (16-bit operands). NOT YET RUN ON A GPU: off unless JAXDNN_WGMMA_WGRAD=1
-// (wgrad_reason).
+// ---- Backward-filter (16-bit operands; JAXDNN_WGMMA_WGRAD=0 switches it off: mma.sync with split-K).
 // dw[tap][c][k] = sum over output pixels o = (n, z, p, q) of x[n, o*str - pad + d(tap)][c] * dy[o][k],
 // d(tap) the tap's dilated displacement. GEMM: M = taps*Cg rows m = tap*Cg + c (dw's HWIO row
 // order), N = Kg, the reduction over the N*Z*P*Q pixels. In both operands the channels are
@@ -794,10 +794,10 @@ std::string forward_reason(const CudaConvCall& c) {
 }
 
 std::string wgrad_reason(const CudaConvCall& c) {
-  // Written in session 17, which had no device time left to run it: opt-in until the gemm checker
-  // and tests/test_gpu_wgmma.py have passed on a GPU (scripts/gpu-ab sets the variable).
-  if (const char* on = std::getenv("JAXDNN_WGMMA_WGRAD"); !(on && on[0] == '1'))
-    return "backward-filter on wgmma is opt-in (JAXDNN_WGMMA_WGRAD=1) until checked on a GPU";
+  // JAXDNN_WGMMA_WGRAD=0: the mma.sync kernel with its split-K plan instead (comparisons); read
+  // when the call is lowered (workspace) and when it runs.
+  if (const char* off = std::getenv("JAXDNN_WGMMA_WGRAD"); off && off[0] == '0')
+    return "backward-filter on wgmma switched off (JAXDNN_WGMMA_WGRAD=0)";
   const ConvProblem& pb = c.problem;
   if (c.in != DType::kBF16 && c.in != DType::kF16) return "backward-filter: not 16-bit (MN-major wgmma)";
   if (c.out != c.in && c.out != DType::kF32) return "result dtype";

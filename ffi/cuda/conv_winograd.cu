@@ -16,8 +16,8 @@
 //   1. filter_transform_kernel: U[xi][g][c][k]  (Cgp x Kgp per (xi, g), zero-padded; own call)
 //   2. input_transform_kernel:  V[xi][t][g][c]  (a chunk of TB tiles; NHWC reads coalesced along c)
 //   3. one batched GEMM launch: Mo[xi][t][g][k] = V[xi][t][g][:] * U[xi][g]  (M = tiles of the
-//      chunk, N = K/G, K = C/G), 36 * G products (gemm_tc_kernel for float compute, gemm_kernel
-//      for double)
+//      chunk, N = K/G, K = C/G), 36 * G products (gemm_tc_kernel for float compute, or
+//      gemm_wgmma_kernel on sm_90 where use_wgmma_gemm picks it; gemm_kernel for double)
 //   4. output_transform_kernel: Y = AT Mo AT^T, cropped, in the output layout and dtype.
 //   Backward-data: the same on dy with w'(r, s, c, k) = w(2 - r, 2 - s, k, c), padding 2 - pad.
 //   Backward-filter: V of x and Dy = AT^T dy AT (dy_transform_kernel), per point
@@ -1315,8 +1315,7 @@ __global__ void __launch_bounds__(kThreads, WIDE && kTcFlush ? 1 : WINO_TC_MINB)
 //   split (double-buffered): the CTA's 256 threads write big(A) over the raw A in place and
 //     small(A) beside it; B is transposed into K-major swizzled big(B) and small(B) rows.
 // The split of step k + 1 runs while the tensor cores multiply step k (wgmma is asynchronous).
-// Taken on sm_90 devices for float compute unless JAXDNN_WINO_GEMM=mma (gemm_tc_kernel) or simt;
-// written in session 18 and opt-in (JAXDNN_WINO_WGMMA=1) until checked on a GPU.
+// Taken on sm_90 devices for float compute where use_wgmma_gemm() says it is the faster kernel.
 constexpr int kWgBM = 128, kWgBK = 32, kWgStages = 3;
 template <int BN>
 struct WgGemmCfg {
@@ -1490,8 +1489,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(GemmArgs p) {
 #endif  // JAXDNN_WINO_TC
 
 // The GEMM kernels for float compute: JAXDNN_WINO_GEMM=simt runs gemm_kernel (FFMA), =mma
-// gemm_tc_kernel everywhere; by default the tensor cores, with gemm_wgmma_kernel for the
-// forward-shaped passes on sm_90 devices.
+// gemm_tc_kernel everywhere, =wgmma gemm_wgmma_kernel for every forward-shaped pass on sm_90
+// devices (tests, comparisons); by default the tensor cores, gemm_wgmma_kernel where it wins.
 const char* wino_gemm_env() {
   static const char* v = std::getenv("JAXDNN_WINO_GEMM");
   return v != nullptr ? v : "";
@@ -1503,14 +1502,17 @@ bool use_tc_gemm() {
   return false;
 #endif
 }
-bool use_wgmma_gemm() {
+// Forward-shaped pass (A m-major) of reduction K, N columns and `ctas` wgmma CTAs (128 x 128):
+// gemm_wgmma_kernel or gemm_tc_kernel? H100, kernel-only (gpu-h100-2026-12-06-s18-wino-kernels.txt):
+// wgmma is 7 % faster on vgg_c3_2 (K = 256, 3500 CTAs), slower where the K loop is short (K 64:
+// r50_c2_3x3 and vgg_c1_2 by 17-20 %, K 128: r50_c3 by 3 %) or the grid is about one or two
+// waves of its one CTA per SM (r50_c4 F(4x4), 288 CTAs: 4 %; r50_c5: 7 %), where gemm_tc_kernel
+// runs two CTAs per SM of 128 x 64 tiles. So: K >= 256, N > 64 and at least 4 waves (132 SMs).
+bool use_wgmma_gemm(i64 K, i64 N, i64 ctas) {
 #ifdef JAXDNN_WINO_TC
-  // Opt-in (JAXDNN_WINO_WGMMA=1) until scripts/gpu-ab has checked it on a GPU.
-  static const bool opted_in = [] {
-    const char* v = std::getenv("JAXDNN_WINO_WGMMA");
-    return v != nullptr && v[0] == '1';
-  }();
-  return opted_in && use_tc_gemm() && std::strcmp(wino_gemm_env(), "mma") != 0 && device_is_sm90();
+  if (!use_tc_gemm() || std::strcmp(wino_gemm_env(), "mma") == 0 || !device_is_sm90()) return false;
+  if (std::strcmp(wino_gemm_env(), "wgmma") == 0) return true;
+  return K >= 256 && N > 64 && ctas >= 4 * 132;
 #else
   return false;
 #endif
@@ -2106,10 +2108,11 @@ void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st)
   const size_t sn = gemm_smem_dynamic<Tc, false>() ? gemm_smem_bytes<Tc, false>() : 0;
 #ifdef JAXDNN_WINO_TC
   if constexpr (std::is_same_v<Tc, float>) {
-    if (!a_kmajor && use_wgmma_gemm()) {
-      a.mblocks = ceil_div(a.M, kWgBM);
-      a.nblocks = ceil_div(a.N, a.N > 64 ? 128 : 64);
-      const i64 wgrid = a.mblocks * a.nblocks * points * a.G * a.S;
+    const i64 wg_mblocks = ceil_div(a.M, kWgBM), wg_nblocks = ceil_div(a.N, a.N > 64 ? 128 : 64);
+    const i64 wgrid = wg_mblocks * wg_nblocks * points * a.G * a.S;
+    if (!a_kmajor && use_wgmma_gemm(a.K, a.N, wgrid)) {
+      a.mblocks = wg_mblocks;
+      a.nblocks = wg_nblocks;
       if (a.N > 64) {
         gemm_smem_optin(gemm_wgmma_kernel<128>, WgGemmCfg<128>::BYTES);
         gemm_wgmma_kernel<128><<<wgrid, kThreads, WgGemmCfg<128>::BYTES, st>>>(a);

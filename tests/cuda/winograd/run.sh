@@ -30,6 +30,11 @@ JAXDNN_WINO_CHUNK_TILES=7 timeout 60 "$B" quick > "$O/check_chunks.txt" 2>&1; ch
 echo "check (7-tile chunks) rc=$chunk_rc $((SECONDS-t1)) s"
 grep -v "^ok" "$O/check_chunks.txt" | head -20
 t1=$SECONDS
+# the forward-shaped GEMM on wgmma everywhere (by default only K >= 256, N > 64, large grids)
+JAXDNN_WINO_GEMM=wgmma timeout 120 "$B" full > "$O/check_wgmma.txt" 2>&1; wgmma_rc=$?
+echo "check (GEMM on wgmma) rc=$wgmma_rc $((SECONDS-t1)) s"
+grep -v "^ok" "$O/check_wgmma.txt" | head -20
+t1=$SECONDS
 timeout 120 "$B" sweep > "$O/sweep_errors.txt" 2>&1; sweep_rc=$?
 echo "error sweep rc=$sweep_rc $((SECONDS-t1)) s (fp32 rel vs C/G or K/G; fwd dgrad wgrad):"
 awk '/^(ok|FAIL)/ {k=$2" "$3; v[k]=v[k]" "$8} END {for (k in v) print k v[k]}' \
@@ -45,4 +50,4 @@ WINO_DTYPES=f32 timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9
   > "$O/racecheck.txt" 2>&1
 race_rc=$?; echo "racecheck rc=$race_rc $((SECONDS-t1)) s"; tail -2 "$O/racecheck.txt"
 echo "total $((SECONDS-t0)) s"
-[ "$check_rc" = 0 ] && [ "$chunk_rc" = 0 ] && [ "$sweep_rc" = 0 ] && [ "$mem_rc" = 0 ] && [ "$race_rc" = 0 ]
+[ "$check_rc" = 0 ] && [ "$chunk_rc" = 0 ] && [ "$wgmma_rc" = 0 ] && [ "$sweep_rc" = 0 ] && [ "$mem_rc" = 0 ] && [ "$race_rc" = 0 ]
