@@ -113,6 +113,34 @@ def test_wgmma_backward_filter_matches_oracle_and_mma_sync(case, dtype, monkeypa
   _check_vjp(case, dtype, 1, monkeypatch)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "tf32"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[5]], ids=[CASES[i][0] for i in (0, 2, 5)])
+def test_wgmma_split_k_with_fused_epilogue(case, dtype, monkeypatch):
+  """Split-K forced on (3 splits: fp32 partials, then one pass that adds them in order and applies
+  bias + residual + relu), forward and backward-data, against the float64 oracle. Without the
+  override only few-tile, long-reduction layers split (r50_c4_like above takes 2 splits)."""
+  _, spatial, n, c, k, g, filt, stride, dil, pad = case
+  monkeypatch.setenv("JAXDNN_WGMMA_SPLITS", "3")  # read when the call is lowered and when it runs
+  x = rand((n, *spatial, c), dtype, seed=11)
+  w = rand((*filt, c // g, k), dtype, seed=12)
+  kw = dict(window_strides=stride, padding=pad, rhs_dilation=dil,
+            dimension_numbers=DNUMS[len(spatial)], feature_group_count=g)
+  y_shape = jax.eval_shape(lambda a, b: lax_conv_hi(a, b, **kw), x, w).shape
+  bias = rand((k,), dtype, seed=13)
+  res = rand(y_shape, dtype, seed=14)
+  f = jax.jit(lambda a, b, bb, r: jaxdnn.conv(a, b, **kw, bias=bb, residual=r, activation="relu",
+                                              algo="implicit_precomp_gemm"))
+  x64, w64 = x.astype(jnp.float64), w.astype(jnp.float64)
+  ref = jnp.maximum(lax_conv_hi(x64, w64, **kw) + bias.astype(jnp.float64) + res.astype(jnp.float64), 0)
+  assert relative_error(f(x, w, bias, res), ref) < tolerance(dtype)
+  if all(s == 1 for s in stride):
+    dy = rand(y_shape, dtype, seed=15)
+    dx = jax.jit(lambda a, b, ct: jax.vjp(lambda u: jaxdnn.conv(u, b, **kw, algo="implicit_precomp_gemm"),
+                                          a)[1](ct)[0])(x, w, dy)
+    dx_ref = jax.vjp(lambda u: lax_conv_hi(u, w64, **kw), x64)[1](dy.astype(jnp.float64))[0]
+    assert relative_error(dx, dx_ref) < tolerance(dtype)
+
+
 def test_wgmma_forward_grad_and_vmap():
   x = rand((2, 9, 9, 64), jnp.bfloat16, seed=3)
   w = rand((3, 3, 64, 128), jnp.bfloat16, seed=4)

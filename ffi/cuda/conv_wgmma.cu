@@ -114,6 +114,11 @@ struct WgParams : WgGeom {
   // CTA copies into shared memory while its K loop runs; 0: none.
   int epi_smem;
   EpiDev epi;  // fused epilogue (bias, residual, activation); never with the persistent walk
+  // Split-K (few tiles, long reductions): CTA blockIdx.y multiplies K steps [y * ksplit,
+  // (y + 1) * ksplit) and stores its fp32 tile into part[y][g][M][Kg]; split_reduce_kernel adds
+  // the splits in order and applies the epilogue. nullptr: no split.
+  float* part;
+  int ksplit;
 };
 
 template <int BM, int BN>
@@ -160,7 +165,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   const int tid = threadIdx.x;
   const int g = blockIdx.z;
   const int tiles = p.tilesM * p.tilesN;
-  const int nk = p.Kred / BK;
+  const int kt0 = p.part ? blockIdx.y * p.ksplit : 0;  // this split's first K step
+  const int nk = p.part ? min(p.ksplit, p.Kred / BK - kt0) : p.Kred / BK;  // >= 1 (host)
 
   // tap j -> (d, h, w) displacement and its element offset in an image
   for (int j = tid; j < p.ntap; j += kThreads) {
@@ -217,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   auto load = [&](int kt, int s) {
     unsigned char* As = smem + s * Cf::STAGE;
     unsigned char* Bs = As + Cf::A_BYTES;
-    const int k0 = kt * BK;
+    const int k0 = (kt0 + kt) * BK;
     const int j = k0 / p.Cg, c0 = k0 - j * p.Cg;
     const int4 e = tbl[j];
 #pragma unroll
@@ -339,6 +345,25 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       }
       continue;
     }
+    if (p.part) {  // split-K: this split's fp32 tile, straight from the registers
+      float* part = p.part + (static_cast<long long>(blockIdx.y) * gridDim.z + g) * p.M * p.Kg;
+#pragma unroll
+      for (int mb = 0; mb < BM / 64; ++mb) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int m = m_base + mb * 64 + warp * 16 + (lane >> 2) + 8 * half;
+          if (m >= p.M) continue;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const int col = n_base + j * 8 + (lane & 3) * 2;
+            if (col >= p.Kg) break;
+            *reinterpret_cast<float2*>(part + static_cast<long long>(m) * p.Kg + col) =
+                make_float2(acc[mb][j * 4 + 2 * half], acc[mb][j * 4 + 2 * half + 1]);
+          }
+        }
+      }
+      continue;
+    }
     cp_async_wait<0>();
     __syncthreads();  // the pipeline buffers become the C tile
 
@@ -434,6 +459,52 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     }
   }
 #endif
+}
+
+// Split-K's second pass: y[m][g*Kg + n] = epilogue(sum over splits of part[split][g][m][n]), the
+// splits added in order (deterministic); eight columns per thread (Kg % 8 == 0).
+template <int IN>
+__global__ void __launch_bounds__(256) split_reduce_kernel(const WgParams p, int splits) {
+  constexpr bool kF16 = IN == kInF16;
+  const bool out32 = IN == kInTF32 || p.out;
+  const int G = gridDim.y;
+  const int g = blockIdx.y;
+  const long long per_split = static_cast<long long>(G) * p.M * p.Kg;
+  const long long runs = static_cast<long long>(p.M) * (p.Kg / 8);  // of this group
+  for (long long r = blockIdx.x * 256LL + threadIdx.x; r < runs; r += 256LL * gridDim.x) {
+    const int m = static_cast<int>(r / (p.Kg / 8)), col = static_cast<int>(r % (p.Kg / 8)) * 8;
+    const float* src = p.part + (static_cast<long long>(g) * p.M + m) * p.Kg + col;
+    float v[8];
+    {
+      const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+    for (int sp = 1; sp < splits; ++sp) {
+      const float4* q = reinterpret_cast<const float4*>(src + sp * per_split);
+      const float4 a = q[0], b = q[1];
+      v[0] += a.x, v[1] += a.y, v[2] += a.z, v[3] += a.w;
+      v[4] += b.x, v[5] += b.y, v[6] += b.z, v[7] += b.w;
+    }
+    const long long chan = static_cast<long long>(g) * p.Kg + col;
+    const long long off = static_cast<long long>(m) * p.K + chan;
+    if (p.epi.on) {
+      float bias[8];
+      epi_bias_run<8>(p.epi, chan, 8, bias);
+      epi_apply_run<8>(p.epi, off, bias, v);
+    }
+    if (out32) {
+      float4* d = reinterpret_cast<float4*>(static_cast<float*>(p.y) + off);
+      d[0] = make_float4(v[0], v[1], v[2], v[3]);
+      d[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+      uint4 pk;
+      pk.x = pack2_16(v[0], v[1], kF16, false);
+      pk.y = pack2_16(v[2], v[3], kF16, false);
+      pk.z = pack2_16(v[4], v[5], kF16, false);
+      pk.w = pack2_16(v[6], v[7], kF16, false);
+      *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.y) + off) = pk;
+    }
+  }
 }
 
 // ---- Backward-filter (16-bit operands; JAXDNN_WGMMA_WGRAD=0 switches it off: mma.sync with split-K).
@@ -691,7 +762,7 @@ std::string allow_smem(Kern kern, int bytes, std::atomic<unsigned long long>& do
 }
 
 template <int IN, int BM, int BN>
-std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
+std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStream_t st) {
   using Cf = WgCfg<BM, BN>;
   auto kern = wgmma_conv_fwd_kernel<IN, BM, BN>;
   static std::atomic<unsigned long long> attr_done{0};
@@ -723,7 +794,7 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
   int smem = p.pipe_bytes + p.ntap * 16;
   // The epilogue operands' shared-memory copy, where it leaves as many CTAs per SM.
   p.epi_smem = 0;
-  if (!persistent && (p.epi.bias || p.epi.residual)) {
+  if (!persistent && !p.part && (p.epi.bias || p.epi.residual)) {
     const bool res = p.epi.residual && p.out == 0 && IN != kInTF32;
     const int with = smem + kEpiBiasBytes + (res ? Cf::res_bytes() : 0);
     int n0 = 0, n1 = 0;
@@ -744,7 +815,7 @@ std::string launch(WgParams p, int groups, bool persistent, cudaStream_t st) {
     const long long resident = std::max(1LL, static_cast<long long>(n) * sms / groups);
     ctas = std::min(ctas, resident);
   }
-  dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(groups));
+  dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(splits), static_cast<unsigned>(groups));
   kern<<<grid, kThreads, smem, st>>>(p);
   e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("wgmma conv kernel launch: ") + cudaGetErrorString(e);
@@ -883,6 +954,48 @@ std::string run_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
   return e == cudaSuccess ? "" : std::string("wgmma wgrad reduce launch: ") + cudaGetErrorString(e);
 }
 
+// The forward kernel's tiles and split-K, from the forward view's shape only (the workspace is
+// sized when JAX lowers the call). Tiles: the largest that still gives every SM a CTA (132 SMs),
+// BN = 64 for Kg <= 64; a stage holds the same bytes in every dtype, so tf32 takes the same.
+// Split-K where the tiles fill less than one wave of 2 CTAs per SM and the reduction is long: as
+// many splits as fill the wave, each at least 16 K steps (the 7x7 c5 layers of ResNet-50: 52
+// tiles of 128 x 128 for 72 K steps: 4 splits), the fp32 partials at most 256 MiB.
+// JAXDNN_WGMMA_TILE=128x128|64x128|64x64 and JAXDNN_WGMMA_SPLITS=n force either (testing).
+struct FwdPlan {
+  int tile;  // 0: 128x128, 1: 64x128, 2: 64x64
+  int tilesM, tilesN, splits, ksplit;
+  size_t part_bytes;
+};
+FwdPlan fwd_plan(const CudaConvCall& f) {  // f: the forward view (as_forward)
+  const ConvProblem& pb = f.problem;
+  const long long M = pb.N * pb.out_pixels(), Kg = pb.Kg(), G = pb.G;
+  const int steps = static_cast<int>(pb.filt_taps() * pb.Cg() / k_step(f.in));
+  auto ctas = [&](int bm, int bn) { return ((M + bm - 1) / bm) * ((Kg + bn - 1) / bn) * G; };
+  FwdPlan w;
+  w.tile = Kg <= 64 ? 2 : ctas(128, 128) >= 132 ? 0 : ctas(64, 128) >= 132 ? 1 : 2;
+  if (const char* e = std::getenv("JAXDNN_WGMMA_TILE")) {
+    const std::string t(e);
+    w.tile = t == "128x128" ? 0 : t == "64x128" ? 1 : t == "64x64" ? 2 : w.tile;
+  }
+  const int bm = w.tile == 0 ? 128 : 64, bn = w.tile == 2 ? 64 : 128;
+  w.tilesM = static_cast<int>((M + bm - 1) / bm);
+  w.tilesN = static_cast<int>((Kg + bn - 1) / bn);
+  const long long tiles = ctas(bm, bn), slots = 2 * 132, per_split = M * Kg * G * 4;
+  long long sp = tiles < slots ? std::min<long long>(slots / tiles, steps / 16) : 1;
+  if (const char* e = std::getenv("JAXDNN_WGMMA_SPLITS")) sp = std::atoi(e);
+  sp = std::clamp<long long>(sp, 1, std::max(1, steps));
+  while (sp > 1 && sp * per_split > (256LL << 20)) sp = (sp + 1) / 2;
+  w.ksplit = static_cast<int>((steps + sp - 1) / sp);
+  w.splits = w.ksplit > 0 ? (steps + w.ksplit - 1) / w.ksplit : 1;
+  w.part_bytes = w.splits > 1 ? align256(static_cast<size_t>(w.splits * per_split)) : 0;
+  return w;
+}
+
+// The workspace of the forward kernel: the rearranged filter, then split-K's fp32 partials.
+size_t filter_bytes(const CudaConvCall& c) {
+  return align256(static_cast<size_t>(c.problem.w_elems()) * dtype_bytes(c.in));
+}
+
 }  // namespace
 
 std::string wgmma_reason(const CudaConvCall& c) {
@@ -898,7 +1011,7 @@ std::string wgmma_reason(const CudaConvCall& c) {
 size_t wgmma_workspace_bytes(const CudaConvCall& c) {
   if (!wgmma_reason(c).empty()) return 0;
   if (c.op == ConvOp::kBackwardFilter) return wgrad_plan(c.problem).part_bytes;
-  return align256(static_cast<size_t>(c.problem.w_elems()) * dtype_bytes(c.in));
+  return filter_bytes(c) + fwd_plan(as_forward(c)).part_bytes;
 }
 
 bool wgmma_switched_off() {
@@ -958,21 +1071,14 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
     *err = std::string("filter transpose launch: ") + cudaGetErrorString(e);
     return true;
   }
-  // The largest tile that still gives every SM a CTA (H200: 132 SMs), BN = 64 for Kg <= 64.
-  // The same for tf32: a stage holds the same bytes (half the K values), so the tiles have the
-  // same shared memory, stage count and CTAs per SM. JAXDNN_WGMMA_TILE=128x128|64x128|64x64
-  // forces one (testing).
   const int G = static_cast<int>(pb.G);
-  auto ctas = [&](int bm, int bn) {
-    return ((p.M + bm - 1) / bm) * static_cast<long long>((p.Kg + bn - 1) / bn) * G;
-  };
-  int tile = p.Kg <= 64 ? 2 : ctas(128, 128) >= 132 ? 0 : ctas(64, 128) >= 132 ? 1 : 2;
-  if (const char* f = std::getenv("JAXDNN_WGMMA_TILE")) {
-    const std::string t(f);
-    tile = t == "128x128" ? 0 : t == "64x128" ? 1 : t == "64x64" ? 2 : tile;
-  }
-  p.tilesN = tile == 2 ? (p.Kg + 63) / 64 : (p.Kg + 127) / 128;
-  p.tilesM = (p.M + (tile == 0 ? 127 : 63)) / (tile == 0 ? 128 : 64);
+  const FwdPlan plan = fwd_plan(c);
+  const int tile = plan.tile;
+  p.tilesN = plan.tilesN;
+  p.tilesM = plan.tilesM;
+  p.part = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(io.workspace) + filter_bytes(c))
+                           : nullptr;
+  p.ksplit = plan.ksplit;
   // Persistent tile walk for short reductions (at most kPersistentMaxSteps K steps per tile)
   // into narrow output tiles (BN = 64), without an epilogue. H200 bf16, kernel-only:
   // r50_c2_1x1_dn (Kred 256, BN 64) 0.0328 -> 0.0294 ms in session 4; r50_c2_1x1_up (Kred 64,
@@ -985,12 +1091,19 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   bool persistent = p.Kred / k_step(c.in) <= kPersistentMaxSteps && tile == 2;
   if (const char* f = std::getenv("JAXDNN_WGMMA_PERSISTENT"); f && (f[0] == '0' || f[0] == '1'))
     persistent = f[0] == '1';
-  persistent = persistent && !p.epi.on;
+  persistent = persistent && !p.epi.on && plan.splits == 1;
   auto run = [&](auto in_tag) {
     constexpr int I = decltype(in_tag)::value;
-    if (tile == 0) return launch<I, 128, 128>(p, G, persistent, io.stream);
-    if (tile == 1) return launch<I, 64, 128>(p, G, persistent, io.stream);
-    return launch<I, 64, 64>(p, G, persistent, io.stream);
+    std::string e = tile == 0   ? launch<I, 128, 128>(p, G, persistent, plan.splits, io.stream)
+                    : tile == 1 ? launch<I, 64, 128>(p, G, persistent, plan.splits, io.stream)
+                                : launch<I, 64, 64>(p, G, persistent, plan.splits, io.stream);
+    if (!e.empty() || plan.splits == 1) return e;
+    const long long runs = static_cast<long long>(p.M) * (p.Kg / 8);
+    const dim3 rg(static_cast<unsigned>(std::max(1LL, std::min((runs + 255) / 256, 132LL * 8 / G + 1))),
+                  static_cast<unsigned>(G));
+    split_reduce_kernel<I><<<rg, 256, 0, io.stream>>>(p, plan.splits);
+    const cudaError_t q = cudaGetLastError();
+    return q == cudaSuccess ? std::string() : std::string("split-K reduce launch: ") + cudaGetErrorString(q);
   };
   *err = in == kInTF32 ? run(std::integral_constant<int, kInTF32>{})
          : in == kInF16 ? run(std::integral_constant<int, kInF16>{})
