@@ -957,9 +957,13 @@ std::string run_wgrad(const CudaConvCall& c, const CudaConvBuffers& io) {
 // The forward kernel's tiles and split-K, from the forward view's shape only (the workspace is
 // sized when JAX lowers the call). Tiles: the largest that still gives every SM a CTA (132 SMs),
 // BN = 64 for Kg <= 64; a stage holds the same bytes in every dtype, so tf32 takes the same.
-// Split-K where the tiles fill less than one wave of 2 CTAs per SM and the reduction is long: as
-// many splits as fill the wave, each at least 16 K steps (the 7x7 c5 layers of ResNet-50: 52
-// tiles of 128 x 128 for 72 K steps: 4 splits), the fp32 partials at most 256 MiB.
+// Split-K only for long reductions (>= 64 K steps) whose 128 x 128 tiles fill less than one SM
+// each: 128 x 128 tiles, as many splits as fill a wave of 2 CTAs per SM, each at least 16 K
+// steps, the fp32 partials at most 256 MiB. H100, bf16, kernel-only (session 18): r50_c5_3x3 (72
+// steps, 52 tiles) forward 0.0425 ms on 64 x 64 tiles -> 0.0361 with 4 splits (the fused
+// epilogue in the reduce: 0.0362 with bias + relu, 0.0369 with a residual too), backward-data
+// 0.0505 -> 0.0453; splits lost wherever the reduction was shorter (r50_c4_3x3, 36 steps: 0.029
+// -> 0.032-0.043 ms; r50_c5_1x1, 32 steps: 0.018 -> 0.036 and more).
 // JAXDNN_WGMMA_TILE=128x128|64x128|64x64 and JAXDNN_WGMMA_SPLITS=n force either (testing).
 struct FwdPlan {
   int tile;  // 0: 128x128, 1: 64x128, 2: 64x64
@@ -972,7 +976,8 @@ FwdPlan fwd_plan(const CudaConvCall& f) {  // f: the forward view (as_forward)
   const int steps = static_cast<int>(pb.filt_taps() * pb.Cg() / k_step(f.in));
   auto ctas = [&](int bm, int bn) { return ((M + bm - 1) / bm) * ((Kg + bn - 1) / bn) * G; };
   FwdPlan w;
-  w.tile = Kg <= 64 ? 2 : ctas(128, 128) >= 132 ? 0 : ctas(64, 128) >= 132 ? 1 : 2;
+  const bool split = Kg > 64 && ctas(128, 128) < 132 && steps >= 64;
+  w.tile = split || (Kg > 64 && ctas(128, 128) >= 132) ? 0 : Kg > 64 && ctas(64, 128) >= 132 ? 1 : 2;
   if (const char* e = std::getenv("JAXDNN_WGMMA_TILE")) {
     const std::string t(e);
     w.tile = t == "128x128" ? 0 : t == "64x128" ? 1 : t == "64x64" ? 2 : w.tile;
@@ -981,7 +986,7 @@ FwdPlan fwd_plan(const CudaConvCall& f) {  // f: the forward view (as_forward)
   w.tilesM = static_cast<int>((M + bm - 1) / bm);
   w.tilesN = static_cast<int>((Kg + bn - 1) / bn);
   const long long tiles = ctas(bm, bn), slots = 2 * 132, per_split = M * Kg * G * 4;
-  long long sp = tiles < slots ? std::min<long long>(slots / tiles, steps / 16) : 1;
+  long long sp = split ? std::min<long long>(slots / tiles, steps / 16) : 1;
   if (const char* e = std::getenv("JAXDNN_WGMMA_SPLITS")) sp = std::atoi(e);
   sp = std::clamp<long long>(sp, 1, std::max(1, steps));
   while (sp > 1 && sp * per_split > (256LL << 20)) sp = (sp + 1) / 2;
