@@ -146,6 +146,31 @@ __device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t
   }
 }
 
+// A warpgroup's fp32 accumulators, MB blocks of m64 x BN, into rows m_base.. and columns n_base..
+// of a row-major fp32 matrix of `rows` x `cols` (pitch `cols`, even), straight from the
+// registers: warp w holds rows 16w + lane/4 (+8) of each 64-row block, columns 8j + 2(lane%4)
+// (+1) in acc[4j + {0,1}] (row + 8: acc[4j + {2,3}]).
+template <int MB, int BN>
+__device__ __forceinline__ void store_acc_f32(const float (&acc)[MB][BN / 2], float* out, int m_base,
+                                              int n_base, int rows, int cols) {
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int mb = 0; mb < MB; ++mb) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int m = m_base + mb * 64 + warp * 16 + (lane >> 2) + 8 * half;
+      if (m >= rows) continue;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n_base + j * 8 + (lane & 3) * 2;
+        if (col >= cols) break;
+        *reinterpret_cast<float2*>(out + static_cast<long long>(m) * cols + col) =
+            make_float2(acc[mb][j * 4 + 2 * half], acc[mb][j * 4 + 2 * half + 1]);
+      }
+    }
+  }
+}
+
 template <int IN, int BM, int BN>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgParams p) {
 #ifdef JAXDNN_HAS_WGMMA
@@ -346,22 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       continue;
     }
     if (p.part) {  // split-K: this split's fp32 tile, straight from the registers
-      float* part = p.part + (static_cast<long long>(blockIdx.y) * gridDim.z + g) * p.M * p.Kg;
-#pragma unroll
-      for (int mb = 0; mb < BM / 64; ++mb) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int m = m_base + mb * 64 + warp * 16 + (lane >> 2) + 8 * half;
-          if (m >= p.M) continue;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const int col = n_base + j * 8 + (lane & 3) * 2;
-            if (col >= p.Kg) break;
-            *reinterpret_cast<float2*>(part + static_cast<long long>(m) * p.Kg + col) =
-                make_float2(acc[mb][j * 4 + 2 * half], acc[mb][j * 4 + 2 * half + 1]);
-          }
-        }
-      }
+      store_acc_f32<BM / 64, BN>(acc, p.part + (static_cast<long long>(blockIdx.y) * gridDim.z + g) * p.M * p.Kg,
+                                 m_base, n_base, p.M, p.Kg);
       continue;
     }
     cp_async_wait<0>();
@@ -651,24 +662,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_wgrad_kernel(const WgW
     for (int a = 0; a < PA; ++a) fence_acc(acc[a]);
   }
   cp_async_wait<0>();
-  // Accumulator layout as the forward's: warp w rows 16w + lane/4 (+8), columns 8j + 2(lane%4).
-  const int warp = tid >> 5, lane = tid & 31;
-  float* part = p.part + (static_cast<long long>(split) * gridDim.z + g) * p.Mrows * p.Kg;
-#pragma unroll
-  for (int a = 0; a < PA; ++a) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int m = m_base + a * 64 + warp * 16 + (lane >> 2) + 8 * half;
-      if (m >= p.Mrows) continue;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = n_base + j * 8 + (lane & 3) * 2;
-        if (col >= p.Kg) break;
-        *reinterpret_cast<float2*>(part + static_cast<long long>(m) * p.Kg + col) =
-            make_float2(acc[a][j * 4 + 2 * half], acc[a][j * 4 + 2 * half + 1]);
-      }
-    }
-  }
+  store_acc_f32<PA, BN>(acc, p.part + (static_cast<long long>(split) * gridDim.z + g) * p.Mrows * p.Kg,
+                        m_base, n_base, p.Mrows, p.Kg);
 #endif
 }
 
