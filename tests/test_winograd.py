@@ -23,7 +23,7 @@ from jax.test_util import check_grads
 
 import jaxdnn
 from grid import NCHW, NDHWC, NHWC, NWC, Case
-from helpers import (LOWERING_PLATFORM, general_families_for, lax_conv_hi,
+from helpers import (LOWERING_PLATFORM, PLATFORM, general_families_for, lax_conv_hi,
                      listed_families, problems, rand, require_supported)
 from jaxdnn._src import algorithms
 from jaxdnn._src.geometry import ConvOp
@@ -136,6 +136,17 @@ def test_float32_error_on_a_realistic_layer():
   measured 2-3e-6 on the benchmark layers up to C = K = 256)."""
   case = Case("r50-like", (2, 28, 28, 128), (3, 3, 128, 128), (1, 1), "SAME", dnums=NHWC)
   errors = _check_all_ops(case, F32, seed=5)
+  assert max(errors.values()) <= 1e-5, errors
+
+
+@pytest.mark.skipif(PLATFORM != "gpu", reason="the CUDA GEMM choice; a ~60 GFLOP float64 reference")
+def test_float32_wgmma_gemm_regime_on_the_gpu():
+  """A layer in the regime where, on sm_90, WINOGRAD_NONFUSED's per-point GEMMs of the forward
+  and backward-data passes run on wgmma by default (reduction >= 256 channels, > 64 outputs,
+  >= 4 waves of CTAs: 2048 tiles x 2 column blocks x 36 points here): within the float32 bound.
+  On other GPUs the same case runs the mma.sync GEMM."""
+  case = Case("wgmma-gemm", (2, 128, 128, 256), (3, 3, 256, 256), (1, 1), "SAME", dnums=NHWC)
+  errors = _check_all_ops(case, F32, seed=7)
   assert max(errors.values()) <= 1e-5, errors
 
 

@@ -64,6 +64,7 @@
 
 #include "conv_cuda.h"
 #ifndef JAXDNN_WINO_EMULATION
+#include "gemm_primitives.cuh"
 #include "wgmma_util.cuh"
 #endif
 
@@ -1331,9 +1332,7 @@ struct WgGemmCfg {
   static constexpr int BYTES = BRAW0 + kWgStages * BRAW_BYTES;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using gemm::smem_u32;
 
 template <int BN>
 __device__ __forceinline__ void wg_mma_tf32(float (&d)[BN / 2], uint64_t da, uint64_t db, int acc) {
