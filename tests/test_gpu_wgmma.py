@@ -142,6 +142,33 @@ def test_wgmma_split_k_with_fused_epilogue(case, dtype, monkeypatch):
     assert relative_error(dx, dx_ref) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "tf32"])
+@pytest.mark.parametrize("tile", ["64x64", "64x128"])
+def test_wgmma_persistent_walk_with_fused_epilogue(tile, dtype, monkeypatch):
+  """The persistent tile walk forced on a 1x1 layer with more tiles (576 of 64x64) than resident
+  CTAs, with bias + residual + relu, and with gelu under differentiation (the pre-activation is
+  stored too): every tile goes out through its own staged C tile while the next tile's operands
+  load. Without the override the walk runs for 64x64 tiles of at most 4 K steps."""
+  monkeypatch.setenv("JAXDNN_WGMMA_PERSISTENT", "1")
+  monkeypatch.setenv("JAXDNN_WGMMA_TILE", tile)
+  kw = dict(window_strides=(1, 1), padding="VALID", dimension_numbers=DNUMS[2])
+  x = rand((8, 48, 48, 128), dtype, seed=21)
+  w = rand((1, 1, 128, 200), dtype, seed=22)
+  bias = rand((200,), dtype, seed=23)
+  res = rand((8, 48, 48, 200), dtype, seed=24)
+  x64, w64 = x.astype(jnp.float64), w.astype(jnp.float64)
+  z_ref = lax_conv_hi(x64, w64, **kw) + bias.astype(jnp.float64)
+  conv = lambda a, b, bb, r, act: jaxdnn.conv(a, b, **kw, bias=bb, residual=r, activation=act,
+                                               algo="implicit_precomp_gemm")
+  y = jax.jit(lambda a, b, bb, r: conv(a, b, bb, r, "relu"))(x, w, bias, res)
+  assert relative_error(y, jnp.maximum(z_ref + res.astype(jnp.float64), 0)) < tolerance(dtype)
+  # gelu: the forward stores the pre-activation for the backward (the bias gradient reads it)
+  gb = jax.jit(jax.grad(lambda bb: jnp.sum(conv(x, w, bb, None, "gelu").astype(jnp.float32))))(bias)
+  gb_ref = jax.grad(lambda bb: jnp.sum(jax.nn.gelu(lax_conv_hi(x64, w64, **kw) + bb,
+                                                   approximate=False)))(bias.astype(jnp.float64))
+  assert relative_error(gb, gb_ref) < 10 * tolerance(dtype)
+
+
 def test_wgmma_forward_grad_and_vmap():
   x = rand((2, 9, 9, 64), jnp.bfloat16, seed=3)
   w = rand((3, 3, 64, 128), jnp.bfloat16, seed=4)

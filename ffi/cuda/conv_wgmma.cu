@@ -21,9 +21,10 @@
 // resident CTAs walks the tiles (tile = blockIdx.x, += gridDim.x) and the cp.async loader runs
 // ST - 1 K steps ahead across tile boundaries, so the next tile's operands are in flight while this
 // tile's values go out straight from the accumulator registers (the pipeline buffers are busy);
-// only a CTA's last tile, with the pipeline drained, is staged. Not with a fused epilogue: there
-// every CTA has one tile, whose biases and residuals it copies into shared memory during its K
-// loop (WgParams::epi_smem).
+// only a CTA's last tile, with the pipeline drained, is staged. With a fused epilogue every tile
+// is staged, through a C tile of its own past the stages (WgParams::c_smem). One tile per CTA
+// with an epilogue copies the tile's biases and residuals into shared memory during its K loop
+// (WgParams::epi_smem).
 //
 // Backward-data at stride 1 is this forward kernel on dy (dgrad_as_forward): dx = conv(dy, w')
 // with w'[tap][k][c] = w[taps - 1 - tap][c][k] per group (flipped taps, input and output
@@ -113,7 +114,12 @@ struct WgParams : WgGeom {
   // (kEpiBiasBytes) and, for 16-bit outputs, its residuals ([BM][BN] 16-bit values), which the
   // CTA copies into shared memory while its K loop runs; 0: none.
   int epi_smem;
-  EpiDev epi;  // fused epilogue (bias, residual, activation); never with the persistent walk
+  // Byte offset of the fp32 C tile ([BM][LDC]) that the epilogue stages through: 0, the drained
+  // pipeline buffers (one tile per CTA, or the persistent walk's last tile); else a region of its
+  // own past the pipeline, for the persistent walk with a fused epilogue, where every tile is
+  // staged while the next tile's operands are in flight.
+  int c_smem;
+  EpiDev epi;  // fused epilogue (bias, residual, activation)
   // Split-K (few tiles, long reductions): CTA blockIdx.y multiplies K steps [y * ksplit,
   // (y + 1) * ksplit) and stores its fp32 tile into part[y][g][M][Kg]; split_reduce_kernel adds
   // the splits in order and applies the epilogue. nullptr: no split.
@@ -127,8 +133,9 @@ struct WgCfg {
   static constexpr int STAGE = A_BYTES + B_BYTES;
   static constexpr int ST = (BM == 128 && BN == 128) ? 3 : 4;  // <= ~100 KB: 2 CTAs per SM
   static constexpr int PIPE = ST * STAGE;
-  static constexpr int LDC = BN + 8;  // fp32 C tile row pitch (overlays the drained pipeline)
-  static_assert(BM * LDC * 4 <= PIPE, "the C tile must fit in the pipeline buffers");
+  static constexpr int LDC = BN + 8;  // fp32 C tile row pitch
+  static constexpr int C_BYTES = BM * LDC * 4;
+  static_assert(C_BYTES <= PIPE, "the C tile must fit in the drained pipeline buffers");
   static constexpr int res_bytes() { return BM * BN * 2; }  // a tile of 16-bit residuals (epi_smem)
 };
 
@@ -343,8 +350,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 
     // Accumulator layout (per 64-row block): warp w holds rows 16w.., lane l row l/4 (+8) and
     // columns 8j + 2(l%4) (+1) in acc[j*4 + {0,1}] (row) and acc[j*4 + {2,3}] (row + 8).
-    if (tile + static_cast<int>(gridDim.x) < tiles) {
-      // Persistent walk (never with an epilogue), not this CTA's last tile: the next tile's loads
+    const bool c_own = p.c_smem != 0;  // the C tile has its own shared memory (persistent walk)
+    if (!c_own && tile + static_cast<int>(gridDim.x) < tiles) {
+      // Persistent walk without an epilogue, not this CTA's last tile: the next tile's loads
       // are in flight in the pipeline buffers, so the values go out from the registers, two
       // channels (4 or 8 bytes) per store. Kg % 8 == 0 and even columns keep every pair inside
       // one row and aligned.
@@ -375,10 +383,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
                                  m_base, n_base, p.M, p.Kg);
       continue;
     }
-    cp_async_wait<0>();
-    __syncthreads();  // the pipeline buffers become the C tile
-
-    float* Cs = reinterpret_cast<float*>(smem);
+    // The C tile: the drained pipeline buffers, or (c_own) its own region, free once every
+    // thread is past the K loop's barriers, that is past its reads of the previous tile's C.
+    if (!c_own) {
+      cp_async_wait<0>();
+      __syncthreads();  // the pipeline buffers become the C tile
+    }
+    float* Cs = reinterpret_cast<float*>(smem + p.c_smem);
     constexpr int LDC = Cf::LDC;
 #pragma unroll
     for (int mb = 0; mb < BM / 64; ++mb) {
@@ -396,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     constexpr int CPR = BN / 8, RPP = kThreads / CPR;  // 8-column chunks per row, rows per pass
     const int ec = tid % CPR, er = tid / CPR;
     const int col = n_base + ec * 8;
-    if (col >= p.Kg) return;  // Kg % 8 == 0: a chunk lies inside the row or past its end
+    if (col >= p.Kg) continue;  // Kg % 8 == 0: a chunk lies inside the row or past its end
     const long long off0 = static_cast<long long>(g) * p.Kg + col;  // + m * K: row m's offset
     EpiDev epi = p.epi;  // a relu goes into the 16-bit conversion of the stores (pack2_16)
     const bool relu16 = epi_take_relu_to_store(epi, !out32);
@@ -762,7 +773,8 @@ std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStre
   auto kern = wgmma_conv_fwd_kernel<IN, BM, BN>;
   static std::atomic<unsigned long long> attr_done{0};
   int dev = 0;
-  const int smem_max = Cf::PIPE + kEpiBiasBytes + Cf::res_bytes() + kMaxTaps * 16;
+  const int smem_max = std::max(Cf::PIPE + kEpiBiasBytes + Cf::res_bytes(), Cf::PIPE + Cf::C_BYTES) +
+                       kMaxTaps * 16;
   if (std::string err = allow_smem(kern, smem_max, attr_done, &dev); !err.empty()) return err;
   cudaError_t e;
   // CTAs per SM at `smem` bytes, queried once per (device, size): a launch must not pay a driver
@@ -783,9 +795,16 @@ std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStre
   // reduction (a 1x1 layer over 64 channels: one step) needs less shared memory, so more CTAs
   // fit on an SM. The persistent walk cycles through every stage.
   const int steps = p.Kred / WgType<IN>::BK;
-  p.pipe_bytes = persistent ? Cf::PIPE
-                            : std::max(std::min(steps, Cf::ST) * Cf::STAGE, BM * Cf::LDC * 4);
+  // The persistent walk with a fused epilogue stages every tile through a C tile of its own,
+  // past the stages (register-direct stores with bias and residual loads had cost 1.95x the
+  // plain walk on r50_c2_1x1_dn, session 16). JAXDNN_WGMMA_STAGE_ALL=1: also without an
+  // epilogue (measuring).
+  const char* stage_env = std::getenv("JAXDNN_WGMMA_STAGE_ALL");
+  const bool c_own = persistent && (p.epi.on || (stage_env && stage_env[0] == '1'));
+  p.pipe_bytes = persistent ? Cf::PIPE + (c_own ? Cf::C_BYTES : 0)
+                            : std::max(std::min(steps, Cf::ST) * Cf::STAGE, Cf::C_BYTES);
   p.pipe_bytes = (p.pipe_bytes + 1023) & ~1023;  // stages stay 1024-byte aligned (swizzle)
+  p.c_smem = c_own ? Cf::PIPE : 0;
   int smem = p.pipe_bytes + p.ntap * 16;
   // The epilogue operands' shared-memory copy, where it leaves as many CTAs per SM.
   p.epi_smem = 0;
@@ -1085,13 +1104,13 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   // BN 128) 0.054 -> 0.091 ms, where the register stores of the wide 128x128 tiles cost more
   // than the overlap gains, so it stays one tile per CTA. With an epilogue (bias + relu) the
   // walk's register-direct stores took r50_c2_1x1_dn to 1.95x the plain time, one tile per CTA
-  // 1.09x (session 16). A K step is 128 bytes of K in every type (the same loads and MMA time),
-  // so the bound counts steps. JAXDNN_WGMMA_PERSISTENT=0|1 forces either without an epilogue
-  // (testing).
+  // 1.09x (session 16); the walk now stages every tile of a fused epilogue (launch: c_own).
+  // A K step is 128 bytes of K in every type (the same loads and MMA time), so the bound counts
+  // steps. JAXDNN_WGMMA_PERSISTENT=0|1 forces either (testing).
   bool persistent = p.Kred / k_step(c.in) <= kPersistentMaxSteps && tile == 2;
   if (const char* f = std::getenv("JAXDNN_WGMMA_PERSISTENT"); f && (f[0] == '0' || f[0] == '1'))
     persistent = f[0] == '1';
-  persistent = persistent && !p.epi.on && plan.splits == 1;
+  persistent = persistent && plan.splits == 1;
   auto run = [&](auto in_tag) {
     constexpr int I = decltype(in_tag)::value;
     std::string e = tile == 0   ? launch<I, 128, 128>(p, G, persistent, plan.splits, io.stream)

@@ -272,7 +272,8 @@ int run_checks(bool quick, const std::string& ops, const std::string& only) {
     add("tf_g2_c64k48_s2", make_problem(L, 2, 2, 64, 48, 2, {15, 13}, {3, 3}, {2, 2}, {1, 1}, {1, 0}, {1, 1}));
     add("tf_c96k64_5x5", make_problem(L, 2, 2, 96, 64, 1, {11, 9}, {5, 5}, {1, 1}, {1, 1}, {2, 2}, {2, 2}));
     // a 1x1 layer with more 64x64 tiles (864) than resident CTAs: the persistent walk takes
-    // several tiles per CTA (register-stored epilogue); partial last N tile (Kg 136)
+    // several tiles per CTA (register-direct stores without an epilogue; with one, every tile is
+    // staged through a C tile of its own); partial last N tile (Kg 136)
     add("wg_1x1_c64k136_many", make_problem(L, 2, 8, 64, 136, 1, {48, 48}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, {0, 0}));
     // Backward-data at stride 1 takes the wgmma kernel when the forward view qualifies (Kg % 64
     // in 16-bit, % 32 in tf32; Cg % 8): asymmetric padding, groups with dilation, and padding
