@@ -1104,10 +1104,15 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   // BN 128) 0.054 -> 0.091 ms, where the register stores of the wide 128x128 tiles cost more
   // than the overlap gains, so it stays one tile per CTA. With an epilogue (bias + relu) the
   // walk's register-direct stores took r50_c2_1x1_dn to 1.95x the plain time, one tile per CTA
-  // 1.09x (session 16); the walk now stages every tile of a fused epilogue (launch: c_own).
-  // A K step is 128 bytes of K in every type (the same loads and MMA time), so the bound counts
-  // steps. JAXDNN_WGMMA_PERSISTENT=0|1 forces either (testing).
-  bool persistent = p.Kred / k_step(c.in) <= kPersistentMaxSteps && tile == 2;
+  // 1.09x (session 16). The walk can stage every tile of a fused epilogue through a C tile of
+  // its own (launch: c_own); not measured yet, so a fused epilogue takes it only when forced or
+  // with JAXDNN_WGMMA_PERSISTENT_EPI=1. A K step is 128 bytes of K in every type (the same
+  // loads and MMA time), so the bound counts steps. JAXDNN_WGMMA_PERSISTENT=0|1 forces either.
+  static const bool persist_epi = [] {
+    const char* e = std::getenv("JAXDNN_WGMMA_PERSISTENT_EPI");
+    return e && e[0] == '1';
+  }();
+  bool persistent = p.Kred / k_step(c.in) <= kPersistentMaxSteps && tile == 2 && (!p.epi.on || persist_epi);
   if (const char* f = std::getenv("JAXDNN_WGMMA_PERSISTENT"); f && (f[0] == '0' || f[0] == '1'))
     persistent = f[0] == '1';
   persistent = persistent && plan.splits == 1;
