@@ -4,8 +4,8 @@ tests/cuda/winograd/emulate.sh rewrites the kernel launches into calls of an emu
 (tests/cuda/winograd/emu: blocks and warps as threads, shared memory, barriers, cp.async,
 mma.sync and ldmatrix by a lane exchange, mma operands read as tf32), compiles the kernels and their checker with g++ under
 AddressSanitizer and UBSan, and checks every WINOGRAD / WINOGRAD_NONFUSED variant, dtype and
-op of the quick geometry set against a float64 reference (the tensor-core NONFUSED GEMM is not
-emulated: its fp32 path runs the SIMT kernel here). This is the only CPU-side check of the
+op of the quick geometry set against a float64 reference (there the fp32 NONFUSED GEMM runs the
+SIMT kernel; the tensor-core GEMM, slow to emulate, is checked on one case with JAXDNN_WINO_GEMM=mma). This is the only CPU-side check of the
 CUDA kernels' index math and schedules; it does not see nvcc's compile errors, device rounding or
 speed (the GPU runs tests/cuda/winograd/run.sh). About 4-6 minutes on two idle cores (15 minutes
 measured beside another build; the whole clean-clone CI with it: 22 minutes).
@@ -23,16 +23,39 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tests" / "cuda" / "winograd" / "emulate.sh"
 
 
-@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("bash") is None,
-                    reason="needs g++ and bash")
-def test_cuda_winograd_kernels_emulated_on_the_host(tmp_path):
-  env = dict(os.environ, WINO_EMU_DIR=str(tmp_path))
-  run = subprocess.run(["bash", str(SCRIPT), "quick"], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=1500)
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("bash") is None,
+                                reason="needs g++ and bash")
+
+
+@pytest.fixture(scope="module")
+def emulated_checker(tmp_path_factory):
+  """The checker and the kernels compiled once for the host (emulate.sh build)."""
+  d = tmp_path_factory.mktemp("winoemu")
+  run = subprocess.run(["bash", str(SCRIPT), "build"], cwd=REPO, env=dict(os.environ, WINO_EMU_DIR=str(d)),
+                       capture_output=True, text=True, timeout=900)
+  assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+  return d / "check"
+
+
+def _run(checker, mode, min_runs, **env):
+  run = subprocess.run([str(checker), mode], cwd=REPO, env=dict(os.environ, **env),
+                       capture_output=True, text=True, timeout=1500)
   tail = (run.stdout + run.stderr)[-4000:]
   assert run.returncode == 0, tail
   m = re.search(r"CORRECTNESS: (\d+) runs, (\d+) failures", run.stdout)
   assert m is not None, tail
   runs, failures = int(m.group(1)), int(m.group(2))
   assert failures == 0, tail
-  assert runs >= 400, f"only {runs} runs: the quick set shrank?\n{tail}"
+  assert runs >= min_runs, f"only {runs} runs: the set shrank?\n{tail}"
+
+
+def test_cuda_winograd_kernels_emulated_on_the_host(emulated_checker):
+  _run(emulated_checker, "quick", 400)
+
+
+def test_tensor_core_gemm_walk_emulated_on_the_host(emulated_checker):
+  """The 3xTF32 mma.sync GEMM (slow to emulate, so one case: partial row, column and K blocks)
+  with 3 CTAs walking every pass's GEMM blocks, the next block's operand loads issued before the
+  current block's products and stores (gemm_tc_kernel), in every float32 variant and op."""
+  _run(emulated_checker, "full", 14, WINO_CASE="nhwc_c40_k136", WINO_DTYPES="f32",
+       JAXDNN_WINO_GEMM="mma", JAXDNN_WINO_GEMM_CTAS="3")

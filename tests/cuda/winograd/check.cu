@@ -528,6 +528,8 @@ void bench(const Layer& L, DType T, Layout layout, const Variant& var, FILE* csv
   if (getenv("BENCH_MAIN_ONLY") && (T != DType::kF32 || layout != Layout::kNHWC ||
                                     algo != ConvAlgo::kWinogradNonfused || var.tile != 0))
     return;
+  // BENCH_NHWC_F32: float32 channels-last rows alone (any variant).
+  if (getenv("BENCH_NHWC_F32") && (T != DType::kF32 || layout != Layout::kNHWC)) return;
   // BENCH_VARIANT=NAME: that variant's rows alone (e.g. FUSED_F4, both dtypes).
   if (const char* v = getenv("BENCH_VARIANT"); v && strcmp(v, var.name) != 0) return;
   ConvProblem p;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Host emulation of the CUDA Winograd kernels, for machines without a GPU:
-#   bash tests/cuda/winograd/emulate.sh [quick|full]
+#   bash tests/cuda/winograd/emulate.sh [quick|full|build]   (build: only compile $D/check)
 # Rewrites ffi/cuda/conv_winograd.cu's launches into emu::launch calls, compiles it and check.cu
 # with g++ against the emulated runtime in emu/ (AddressSanitizer, UBSan), and runs the checker.
 # What it cannot see: nvcc compile errors, real concurrency between warps, device rounding (FMA
@@ -27,4 +27,5 @@ g++ $F -x c++ -c tests/cuda/winograd/check.cu -o "$D/check.o" &
 wait %1
 wait %2
 g++ $F "$D/wino.o" "$D/check.o" -o "$D/check" -pthread
+[ "${1:-}" = build ] && exit 0  # build only: $D/check
 "$D/check" "${1:-quick}"

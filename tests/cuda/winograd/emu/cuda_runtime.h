@@ -30,6 +30,7 @@
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) double2 { double x, y; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
 struct dim3 {
   unsigned int x, y, z;
   dim3(unsigned long long x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1)
@@ -39,6 +40,7 @@ struct dim3 {
 
 namespace emu {
 inline thread_local dim3 thread_idx, block_idx;
+inline dim3 grid_dim;  // of the running launch
 inline std::barrier<>* block_barrier = nullptr;
 inline std::vector<std::unique_ptr<std::barrier<>>>* warp_barriers = nullptr;
 
@@ -53,6 +55,7 @@ void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t sme
   }
   std::barrier<> bar(block);
   block_barrier = &bar;
+  grid_dim = dim3(grid);
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   for (int w = 0; w < (block + 31) / 32; ++w)
     warps.push_back(std::make_unique<std::barrier<>>(std::min(32, block - 32 * w)));
@@ -75,6 +78,7 @@ void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t sme
 
 #define threadIdx (emu::thread_idx)
 #define blockIdx (emu::block_idx)
+#define gridDim (emu::grid_dim)
 
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 inline void __syncwarp() { (*emu::warp_barriers)[threadIdx.x / 32]->arrive_and_wait(); }
