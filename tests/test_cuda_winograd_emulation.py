@@ -53,9 +53,9 @@ def test_cuda_winograd_kernels_emulated_on_the_host(emulated_checker):
   _run(emulated_checker, "quick", 400)
 
 
-def test_tensor_core_gemm_walk_emulated_on_the_host(emulated_checker):
-  """The 3xTF32 mma.sync GEMM (slow to emulate, so one case: partial row, column and K blocks)
-  with 3 CTAs walking every pass's GEMM blocks, the next block's operand loads issued before the
-  current block's products and stores (gemm_tc_kernel), in every float32 variant and op."""
+def test_tensor_core_gemm_emulated_on_the_host(emulated_checker):
+  """The 3xTF32 mma.sync GEMM (gemm_tc_kernel: operand split, fragment mapping, the m-major and
+  k-major A tiles, zero fill) on one case, slow to emulate: partial row, column and K blocks, in
+  every float32 variant and op."""
   _run(emulated_checker, "full", 14, WINO_CASE="nhwc_c40_k136", WINO_DTYPES="f32",
-       JAXDNN_WINO_GEMM="mma", JAXDNN_WINO_GEMM_CTAS="3")
+       JAXDNN_WINO_GEMM="mma")

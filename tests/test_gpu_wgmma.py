@@ -148,7 +148,8 @@ def test_wgmma_persistent_walk_with_fused_epilogue(tile, dtype, monkeypatch):
   """The persistent tile walk forced on a 1x1 layer with more tiles (576 of 64x64) than resident
   CTAs, with bias + residual + relu, and with gelu under differentiation (the pre-activation is
   stored too): every tile goes out through its own staged C tile while the next tile's operands
-  load. Without the override the walk runs for 64x64 tiles of at most 4 K steps."""
+  load. Without the override the walk runs for 64x64 tiles of at most 4 K steps, with any
+  epilogue but a residual."""
   monkeypatch.setenv("JAXDNN_WGMMA_PERSISTENT", "1")
   monkeypatch.setenv("JAXDNN_WGMMA_TILE", tile)
   kw = dict(window_strides=(1, 1), padding="VALID", dimension_numbers=DNUMS[2])

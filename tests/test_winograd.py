@@ -150,22 +150,6 @@ def test_float32_wgmma_gemm_regime_on_the_gpu():
   assert max(errors.values()) <= 1e-5, errors
 
 
-@pytest.mark.skipif(PLATFORM != "gpu", reason="the CUDA GEMM's schedule")
-@pytest.mark.parametrize("ctas", ["5", "resident"])
-def test_float32_gemm_walk_on_the_gpu(ctas, monkeypatch):
-  """The mma.sync 3xTF32 GEMM with its CTAs walking several GEMM blocks each (the operand loads
-  of the next block in flight across the boundary): 5 CTAs for every block of every pass, or as
-  many as are resident (JAXDNN_WINO_GEMM_WALK; 144 blocks per pass here, so one each on an H100).
-  Forward, backward-data and backward-filter (A k-major) within the float32 bound; partial
-  row, column and K blocks (168 tiles, 136 outputs, 72 channels)."""
-  monkeypatch.setenv("JAXDNN_WINO_GEMM_WALK", "1")  # read per launch
-  if ctas != "resident":
-    monkeypatch.setenv("JAXDNN_WINO_GEMM_CTAS", ctas)
-  case = Case("gemm-walk", (3, 30, 26, 72), (3, 3, 72, 136), (1, 1), "SAME", dnums=NHWC)
-  errors = _check_all_ops(case, F32, seed=9)
-  assert max(errors.values()) <= 1e-5, errors
-
-
 @pytest.mark.parametrize("dtype", [pytest.param(BF16, id="bfloat16"), pytest.param(F16, id="float16")])
 def test_16bit_inputs_go_through_float32(dtype):
   _check_all_ops(CASES[3], dtype)

@@ -21,10 +21,10 @@
 // resident CTAs walks the tiles (tile = blockIdx.x, += gridDim.x) and the cp.async loader runs
 // ST - 1 K steps ahead across tile boundaries, so the next tile's operands are in flight while this
 // tile's values go out straight from the accumulator registers (the pipeline buffers are busy);
-// only a CTA's last tile, with the pipeline drained, is staged. With a fused epilogue every tile
-// is staged, through a C tile of its own past the stages (WgParams::c_smem). One tile per CTA
-// with an epilogue copies the tile's biases and residuals into shared memory during its K loop
-// (WgParams::epi_smem).
+// only a CTA's last tile, with the pipeline drained, is staged. A fused epilogue without a
+// residual takes the walk too, every tile staged through a C tile of its own past the stages
+// (WgParams::c_smem). One tile per CTA with an epilogue copies the tile's biases and residuals
+// into shared memory during its K loop (WgParams::epi_smem).
 //
 // Backward-data at stride 1 is this forward kernel on dy (dgrad_as_forward): dx = conv(dy, w')
 // with w'[tap][k][c] = w[taps - 1 - tap][c][k] per group (flipped taps, input and output
@@ -798,7 +798,7 @@ std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStre
   // The persistent walk with a fused epilogue stages every tile through a C tile of its own,
   // past the stages (register-direct stores with bias and residual loads had cost 1.95x the
   // plain walk on r50_c2_1x1_dn, session 16). JAXDNN_WGMMA_STAGE_ALL=1: also without an
-  // epilogue (measuring).
+  // epilogue (testing; no faster: r50_c2_1x1_dn 0.0315 / 0.0314 ms, H100, session 19).
   const char* stage_env = std::getenv("JAXDNN_WGMMA_STAGE_ALL");
   const bool c_own = persistent && (p.epi.on || (stage_env && stage_env[0] == '1'));
   p.pipe_bytes = persistent ? Cf::PIPE + (c_own ? Cf::C_BYTES : 0)
@@ -1104,15 +1104,14 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   // BN 128) 0.054 -> 0.091 ms, where the register stores of the wide 128x128 tiles cost more
   // than the overlap gains, so it stays one tile per CTA. With an epilogue (bias + relu) the
   // walk's register-direct stores took r50_c2_1x1_dn to 1.95x the plain time, one tile per CTA
-  // 1.09x (session 16). The walk can stage every tile of a fused epilogue through a C tile of
-  // its own (launch: c_own); not measured yet, so a fused epilogue takes it only when forced or
-  // with JAXDNN_WGMMA_PERSISTENT_EPI=1. A K step is 128 bytes of K in every type (the same
-  // loads and MMA time), so the bound counts steps. JAXDNN_WGMMA_PERSISTENT=0|1 forces either.
-  static const bool persist_epi = [] {
-    const char* e = std::getenv("JAXDNN_WGMMA_PERSISTENT_EPI");
-    return e && e[0] == '1';
-  }();
-  bool persistent = p.Kred / k_step(c.in) <= kPersistentMaxSteps && tile == 2 && (!p.epi.on || persist_epi);
+  // 1.09x (session 16). The walk now stages every tile of a fused epilogue through a C tile of
+  // its own (launch: c_own), and takes epilogues without a residual: H100, kernel-only, bias +
+  // relu 0.0395 -> 0.0367 ms there (1.25x -> 1.16x the plain walk); with a residual 0.0432 ->
+  // 0.0446 (its loads wait at each tile, where one tile per CTA copies them into shared memory
+  // during its K loop), so those keep one tile per CTA (session 19). A K step is 128 bytes of K
+  // in every type (the same loads and MMA time), so the bound counts steps.
+  // JAXDNN_WGMMA_PERSISTENT=0|1 forces either.
+  bool persistent = p.Kred / k_step(c.in) <= kPersistentMaxSteps && tile == 2 && !p.epi.residual;
   if (const char* f = std::getenv("JAXDNN_WGMMA_PERSISTENT"); f && (f[0] == '0' || f[0] == '1'))
     persistent = f[0] == '1';
   persistent = persistent && plan.splits == 1;

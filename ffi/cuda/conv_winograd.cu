@@ -56,7 +56,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -576,7 +575,6 @@ struct GemmArgs {
   i64 G, S;
   i64 a_xi, a_g, a_s, b_xi, b_g, b_s, c_xi, c_g, c_s;
   i64 mblocks, nblocks;
-  i64 blocks;  // GEMM blocks in all (gemm_tc_kernel walks them when its grid is smaller)
   bool accumulate;
 };
 
@@ -586,14 +584,11 @@ struct GemmBlock {
   i64 nb, mb, xi, g, s;
   int klen;
 };
-__device__ __forceinline__ GemmBlock gemm_block_at(const GemmArgs& p, i64 blk) {
-  const i64 z = blk / (p.nblocks * p.mblocks);
+__device__ __forceinline__ GemmBlock gemm_block(const GemmArgs& p) {
+  const i64 blk = blockIdx.x, z = blk / (p.nblocks * p.mblocks);
   const i64 s = z % p.S;
   return {blk % p.nblocks, blk / p.nblocks % p.mblocks, z / (p.S * p.G), z / p.S % p.G, s,
           static_cast<int>(std::max<i64>(0, std::min(p.k_split, p.K - s * p.k_split)))};
-}
-__device__ __forceinline__ GemmBlock gemm_block(const GemmArgs& p) {
-  return gemm_block_at(p, blockIdx.x);
 }
 
 template <typename T>
@@ -1196,30 +1191,16 @@ __global__ void __launch_bounds__(kThreads, WIDE && kTcFlush ? 1 : WINO_TC_MINB)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int wm = (warp % 4) * WM, wn = (warp / 4) * WN;
-  // The CTA's GEMM blocks: blockIdx.x, + gridDim.x, ... < p.blocks (one each when the grid
-  // covers them all). The loader runs ST - 1 K steps ahead of the products, across block
-  // boundaries, so that a block's first operands are in flight while the previous block
-  // multiplies and stores (short reductions, e.g. 4 K steps at K = 128, expose them otherwise).
-  // It keeps the state of the block it loads: operand bases, tile origin, length in K steps.
-  // (32-bit indices: a launch has fewer than 2^31 blocks, and M, N < 2^31.)
-  const float *ld_a = nullptr, *ld_b = nullptr;
-  int ld_m0 = 0, ld_n0 = 0, ld_klen = 0, ld_nk = 0, ld_kt = 0;
-  int ld_blk = blockIdx.x;
-  auto ld_setup = [&]() {  // the next block with a nonempty reduction, from ld_blk on
-    for (; ld_blk < p.blocks; ld_blk += gridDim.x) {
-      const GemmBlock b = gemm_block_at(p, ld_blk);
-      ld_a = static_cast<const float*>(p.A) + b.xi * p.a_xi + b.g * p.a_g + b.s * p.a_s;
-      ld_b = static_cast<const float*>(p.B) + b.xi * p.b_xi + b.g * p.b_g + b.s * p.b_s;
-      ld_m0 = static_cast<int>(b.mb) * BM, ld_n0 = static_cast<int>(b.nb) * BN, ld_klen = b.klen;
-      ld_nk = (b.klen + BK - 1) / BK, ld_kt = 0;
-      if (ld_nk > 0) return;
-    }
-  };
-  ld_setup();
+  const GemmBlock blk = gemm_block(p);
+  const i64 xi = blk.xi, gr = blk.g, s = blk.s, m0 = blk.mb * BM, n0 = blk.nb * BN;
+  const int klen = blk.klen;
+  const float* A = static_cast<const float*>(p.A) + xi * p.a_xi + gr * p.a_g + s * p.a_s;
+  const float* B = static_cast<const float*>(p.B) + xi * p.b_xi + gr * p.b_g + s * p.b_s;
+  const int nk = (klen + BK - 1) / BK;
 
-  // Stage kt of the loader's block as 16-byte chunks, chunk q = tid + i * kThreads; k past klen
-  // and rows / columns past M / N are zeros (M, N and klen are multiples of 4 where a chunk runs
-  // along them). A chunk that is not read takes the operand's base as its (unread) source.
+  // Stage kt as 16-byte chunks, chunk q = tid + i * kThreads; k past klen and rows / columns past
+  // M / N are zeros (M, N and klen are multiples of 4 where a chunk runs along them). A chunk
+  // that is not read takes the operand's base as its (unread) source.
   constexpr int ACW = (A_KMAJOR ? BM : BK) / 4, BCW = BN / 4;  // chunks per source row
   auto load_stage = [&](int buf, int kt) {
     const int kb = kt * BK;
@@ -1229,119 +1210,104 @@ __global__ void __launch_bounds__(kThreads, WIDE && kTcFlush ? 1 : WINO_TC_MINB)
     for (int i = 0; i < BM * BK / 4 / kThreads; ++i) {
       const int q = tid + i * kThreads, row = q / ACW, c = q % ACW;
       // k-major: row = k, chunk along m; m-major: row = m, chunk along k.
-      const bool ok = A_KMAJOR ? kb + row < ld_klen && ld_m0 + c * 4 < p.M
-                               : ld_m0 + row < p.M && kb + c * 4 < ld_klen;
-      const float* src = A_KMAJOR ? ld_a + (kb + row) * p.lda + ld_m0 + c * 4
-                                  : ld_a + (ld_m0 + row) * p.lda + kb + c * 4;
+      const bool ok = A_KMAJOR ? kb + row < klen && m0 + c * 4 < p.M
+                               : m0 + row < p.M && kb + c * 4 < klen;
+      const float* src = A_KMAJOR ? A + (kb + row) * p.lda + m0 + c * 4
+                                  : A + (m0 + row) * p.lda + kb + c * 4;
       cp_async16(&as[row * LA + c * 4], ok ? src : static_cast<const float*>(p.A), ok);
     }
 #pragma unroll
     for (int i = 0; i < BK * BN / 4 / kThreads; ++i) {
       const int q = tid + i * kThreads, k = q / BCW, c = q % BCW;
-      const bool ok = kb + k < ld_klen && ld_n0 + c * 4 < p.N;
-      cp_async16(&bs[k * LB + c * 4], ok ? ld_b + (kb + k) * p.ldb + ld_n0 + c * 4
+      const bool ok = kb + k < klen && n0 + c * 4 < p.N;
+      cp_async16(&bs[k * LB + c * 4], ok ? B + (kb + k) * p.ldb + n0 + c * 4
                                          : static_cast<const float*>(p.B), ok);
     }
   };
-  // The loader's next K step into stage buf (an empty group once every block is loaded).
-  auto load_next = [&](int buf) {
-    if (ld_blk < p.blocks) {
-      load_stage(buf, ld_kt);
-      if (++ld_kt == ld_nk) {
-        ld_blk += gridDim.x;
-        ld_setup();
-      }
-    }
+
+  float acc[MT][NT][4] = {};
+#pragma unroll
+  for (int st = 0; st < ST - 1; ++st) {
+    if (st < nk) load_stage(st, st);
     cp_async_commit();
-  };
-
-#pragma unroll
-  for (int st = 0; st < ST - 1; ++st) load_next(st);
-  int step = 0;  // K steps multiplied so far by this CTA: the stage ring position
+  }
 #pragma unroll 1
-  for (int cur = blockIdx.x; cur < p.blocks; cur += gridDim.x) {
-    const GemmBlock blk = gemm_block_at(p, cur);
-    const i64 xi = blk.xi, gr = blk.g, s = blk.s, m0 = blk.mb * BM, n0 = blk.nb * BN;
-    const int nk = (blk.klen + BK - 1) / BK;
-    float acc[MT][NT][4] = {};
-#pragma unroll 1
-    for (int kt = 0; kt < nk; ++kt, ++step) {
-      cp_async_wait<ST - 2>();
-      __syncthreads();  // this stage landed for all; the previous step's stage is free again
-      load_next((step + ST - 1) % ST);
-      // This thread's fragment bases: A (row g, col t) or (k t, m g); B (k t, n g).
-      const float* as = As + (step % ST) * AF + (A_KMAJOR ? t * LA + wm + g : (wm + g) * LA + t);
-      const float* bs = Bs + (step % ST) * BF + t * LB + wn + g;
-      // Tensor cores add with truncation (round toward zero), so one accumulator fed by all
-      // K / 8 * 3 MMAs drifts: error linear in K (1.4e-5 at K = 2048 for F(2x2) on the H200).
-      // Each stage's 12 MMAs go to a zeroed partial that is added to acc in fp32 (round to
-      // nearest) -- WINO_TC_FLUSH=0 accumulates in acc directly.
-      float part[MT][NT][4];
-      float(&dst)[MT][NT][4] = kTcFlush ? part : acc;
-      auto k8_step = [&](int k8, auto first) {
-        constexpr bool kZero = decltype(first)::value && kTcFlush;
-        uint32_t ab[MT][4], as_[MT][4];
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<ST - 2>();
+    __syncthreads();  // stage kt landed for all; stage kt - 1 is free again
+    if (kt + ST - 1 < nk) load_stage((kt + ST - 1) % ST, kt + ST - 1);
+    cp_async_commit();
+    // This thread's fragment bases: A (row g, col t) or (k t, m g); B (k t, n g).
+    const float* as = As + (kt % ST) * AF + (A_KMAJOR ? t * LA + wm + g : (wm + g) * LA + t);
+    const float* bs = Bs + (kt % ST) * BF + t * LB + wn + g;
+    // Tensor cores add with truncation (round toward zero), so one accumulator fed by all
+    // K / 8 * 3 MMAs drifts: error linear in K (1.4e-5 at K = 2048 for F(2x2) on the H200).
+    // Each stage's 12 MMAs go to a zeroed partial that is added to acc in fp32 (round to
+    // nearest) -- WINO_TC_FLUSH=0 accumulates in acc directly.
+    float part[MT][NT][4];
+    float(&dst)[MT][NT][4] = kTcFlush ? part : acc;
+    auto k8_step = [&](int k8, auto first) {
+      constexpr bool kZero = decltype(first)::value && kTcFlush;
+      uint32_t ab[MT][4], as_[MT][4];
 #pragma unroll
-        for (int i = 0; i < MT; ++i)
+      for (int i = 0; i < MT; ++i)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {  // a0: (g, t), a1: (g + 8, t), a2: (g, t + 4), a3: (g + 8, t + 4)
-            const int m = i * 16 + (r % 2) * 8, k = k8 + (r / 2) * 4;  // past the base
-            split_tf32(as[A_KMAJOR ? k * LA + m : m * LA + k], ab[i][r], as_[i][r]);
-          }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          uint32_t bb[2], bs_[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r)  // b0: (k = t, n = g), b1: (k = t + 4, n = g)
-            split_tf32(bs[(k8 + r * 4) * LB + j * 8], bb[r], bs_[r]);
-#pragma unroll
-          for (int i = 0; i < MT; ++i) {
-            if constexpr (kZero) mma_tf32_first(dst[i][j], as_[i], bb[0], bb[1]);
-            else mma_tf32(dst[i][j], as_[i], bb[0], bb[1]);
-          }
-#pragma unroll
-          for (int i = 0; i < MT; ++i) mma_tf32(dst[i][j], ab[i], bs_[0], bs_[1]);
-#pragma unroll
-          for (int i = 0; i < MT; ++i) mma_tf32(dst[i][j], ab[i], bb[0], bb[1]);
+        for (int r = 0; r < 4; ++r) {  // a0: (g, t), a1: (g + 8, t), a2: (g, t + 4), a3: (g + 8, t + 4)
+          const int m = i * 16 + (r % 2) * 8, k = k8 + (r / 2) * 4;  // past the base
+          split_tf32(as[A_KMAJOR ? k * LA + m : m * LA + k], ab[i][r], as_[i][r]);
         }
-      };
-      k8_step(0, std::true_type{});
-#pragma unroll kTcK8Unroll
-      for (int k8 = 8; k8 < BK; k8 += 8) k8_step(k8, std::false_type{});
-      if constexpr (kTcFlush) {
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[i][j][r] += part[i][j][r];
-      }
-    }
-
-    // Straight from the registers (the next block's operands are in flight in the stages).
-    // c0, c1: (row g, cols 2t, 2t + 1); c2, c3: row g + 8.
-    const i64 em = p.M - m0, en = p.N - n0;
-    float* C = static_cast<float*>(p.C) + xi * p.c_xi + gr * p.c_g + s * p.c_s + m0 * p.ldc + n0;
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const int col = wn + j * 8 + 2 * t;
-        if (col >= en) continue;  // N is a multiple of 8: a column pair is whole
+        uint32_t bb[2], bs_[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = wm + i * 16 + g + h * 8;
-          if (r >= em) continue;
-          float2* dst = reinterpret_cast<float2*>(C + r * p.ldc + col);
-          float2 o = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-          if (p.accumulate) {
-            const float2 prev = *dst;
-            o.x += prev.x, o.y += prev.y;
-          }
-          *dst = o;
+        for (int r = 0; r < 2; ++r)  // b0: (k = t, n = g), b1: (k = t + 4, n = g)
+          split_tf32(bs[(k8 + r * 4) * LB + j * 8], bb[r], bs_[r]);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          if constexpr (kZero) mma_tf32_first(dst[i][j], as_[i], bb[0], bb[1]);
+          else mma_tf32(dst[i][j], as_[i], bb[0], bb[1]);
         }
+#pragma unroll
+        for (int i = 0; i < MT; ++i) mma_tf32(dst[i][j], ab[i], bs_[0], bs_[1]);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) mma_tf32(dst[i][j], ab[i], bb[0], bb[1]);
       }
+    };
+    k8_step(0, std::true_type{});
+#pragma unroll kTcK8Unroll
+    for (int k8 = 8; k8 < BK; k8 += 8) k8_step(k8, std::false_type{});
+    if constexpr (kTcFlush) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[i][j][r] += part[i][j][r];
+    }
   }
+
+  // c0, c1: (row g, cols 2t, 2t + 1); c2, c3: row g + 8.
+  const i64 em = p.M - m0, en = p.N - n0;
+  float* C = static_cast<float*>(p.C) + xi * p.c_xi + gr * p.c_g + s * p.c_s + m0 * p.ldc + n0;
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int col = wn + j * 8 + 2 * t;
+      if (col >= en) continue;  // N is a multiple of 8: a column pair is whole
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm + i * 16 + g + h * 8;
+        if (r >= em) continue;
+        float2* dst = reinterpret_cast<float2*>(C + r * p.ldc + col);
+        float2 o = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        if (p.accumulate) {
+          const float2 prev = *dst;
+          o.x += prev.x, o.y += prev.y;
+        }
+        *dst = o;
+      }
+    }
 }
 
 #endif  // JAXDNN_WINO_TC
@@ -2141,40 +2107,6 @@ void gemm_smem_optin(K* kernel, size_t bytes) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
 }
 
-#ifdef JAXDNN_WINO_TC
-// CTAs of a gemm_tc_kernel launch over `blocks` GEMM blocks: one per block, or with the walk
-// (JAXDNN_WINO_GEMM_WALK=1) as many as are resident at once, each taking blocks blockIdx.x,
-// + gridDim.x, ... with its operand loads running ahead across them.
-// JAXDNN_WINO_GEMM_CTAS=n (testing) launches min(n, blocks) walking CTAs.
-template <typename K>
-i64 tc_ctas(K* kernel, size_t smem, i64 blocks) {
-  const char* ctas_env = std::getenv("JAXDNN_WINO_GEMM_CTAS");  // read per launch (tests set them)
-  const char* walk_env = std::getenv("JAXDNN_WINO_GEMM_WALK");
-  const i64 forced = ctas_env ? std::atoll(ctas_env) : 0;
-  const bool walk = walk_env && walk_env[0] == '1';
-  if (forced > 0) return std::min(blocks, forced);
-  if (!walk) return blocks;
-#ifdef JAXDNN_WINO_EMULATION
-  (void)kernel, (void)smem;
-  return blocks;
-#else
-  static std::atomic<int> resident[64] = {};  // per device ordinal: CTAs per SM x SMs
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return blocks;
-  int n = resident[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    int per_sm = 0, sms = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || per_sm <= 0)
-      return blocks;
-    n = per_sm * sms;
-    resident[dev].store(n, std::memory_order_relaxed);
-  }
-  return std::min<i64>(blocks, n);
-#endif
-}
-#endif
-
 template <typename Tc>
 void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st) {
   constexpr i64 bm = gemm_bm<Tc>();
@@ -2183,7 +2115,6 @@ void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st)
   a.mblocks = ceil_div(a.M, bm);
   a.nblocks = gemm_nblocks<Tc>(a.N, a_kmajor);
   const i64 grid = a.mblocks * a.nblocks * points * a.G * a.S;
-  a.blocks = grid;
   // Dynamic shared memory bytes of the wide and narrow kernels (0: static arrays).
   const size_t sw = gemm_smem_dynamic<Tc, true>() ? gemm_smem_bytes<Tc, true>() : 0;
   const size_t sn = gemm_smem_dynamic<Tc, false>() ? gemm_smem_bytes<Tc, false>() : 0;
@@ -2208,20 +2139,16 @@ void gemm_launch(const GemmArgs& a0, int points, bool a_kmajor, cudaStream_t st)
     if (use_tc_gemm()) {
       if (a_kmajor && wide) {
         gemm_smem_optin(gemm_tc_kernel<true, true>, tc_smem_bytes<true, true>());
-        const i64 ctas = tc_ctas(gemm_tc_kernel<true, true>, tc_smem_bytes<true, true>(), grid);
-        gemm_tc_kernel<true, true><<<ctas, kThreads, tc_smem_bytes<true, true>(), st>>>(a);
+        gemm_tc_kernel<true, true><<<grid, kThreads, tc_smem_bytes<true, true>(), st>>>(a);
       } else if (a_kmajor) {
         gemm_smem_optin(gemm_tc_kernel<true, false>, tc_smem_bytes<true, false>());
-        const i64 ctas = tc_ctas(gemm_tc_kernel<true, false>, tc_smem_bytes<true, false>(), grid);
-        gemm_tc_kernel<true, false><<<ctas, kThreads, tc_smem_bytes<true, false>(), st>>>(a);
+        gemm_tc_kernel<true, false><<<grid, kThreads, tc_smem_bytes<true, false>(), st>>>(a);
       } else if (wide) {
         gemm_smem_optin(gemm_tc_kernel<false, true>, tc_smem_bytes<false, true>());
-        const i64 ctas = tc_ctas(gemm_tc_kernel<false, true>, tc_smem_bytes<false, true>(), grid);
-        gemm_tc_kernel<false, true><<<ctas, kThreads, tc_smem_bytes<false, true>(), st>>>(a);
+        gemm_tc_kernel<false, true><<<grid, kThreads, tc_smem_bytes<false, true>(), st>>>(a);
       } else {
         gemm_smem_optin(gemm_tc_kernel<false, false>, tc_smem_bytes<false, false>());
-        const i64 ctas = tc_ctas(gemm_tc_kernel<false, false>, tc_smem_bytes<false, false>(), grid);
-        gemm_tc_kernel<false, false><<<ctas, kThreads, tc_smem_bytes<false, false>(), st>>>(a);
+        gemm_tc_kernel<false, false><<<grid, kThreads, tc_smem_bytes<false, false>(), st>>>(a);
       }
       return;
     }
