@@ -797,10 +797,9 @@ std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStre
   const int steps = p.Kred / WgType<IN>::BK;
   // The persistent walk with a fused epilogue stages every tile through a C tile of its own,
   // past the stages (register-direct stores with bias and residual loads had cost 1.95x the
-  // plain walk on r50_c2_1x1_dn, session 16). JAXDNN_WGMMA_STAGE_ALL=1: also without an
-  // epilogue (testing; no faster: r50_c2_1x1_dn 0.0315 / 0.0314 ms, H100, session 19).
-  const char* stage_env = std::getenv("JAXDNN_WGMMA_STAGE_ALL");
-  const bool c_own = persistent && (p.epi.on || (stage_env && stage_env[0] == '1'));
+  // plain walk on r50_c2_1x1_dn, session 16). Staging the plain walk's tiles too gained nothing
+  // (r50_c2_1x1_dn 0.0315 / 0.0314 ms, H100, session 19), so those keep the register stores.
+  const bool c_own = persistent && p.epi.on;
   p.pipe_bytes = persistent ? Cf::PIPE + (c_own ? Cf::C_BYTES : 0)
                             : std::max(std::min(steps, Cf::ST) * Cf::STAGE, Cf::C_BYTES);
   p.pipe_bytes = (p.pipe_bytes + 1023) & ~1023;  // stages stay 1024-byte aligned (swizzle)

@@ -35,7 +35,6 @@ JAXDNN_WINO_GEMM=wgmma timeout 120 "$B" full > "$O/check_wgmma.txt" 2>&1; wgmma_
 echo "check (GEMM on wgmma) rc=$wgmma_rc $((SECONDS-t1)) s"
 grep -v "^ok" "$O/check_wgmma.txt" | head -20
 t1=$SECONDS
-t1=$SECONDS
 timeout 120 "$B" sweep > "$O/sweep_errors.txt" 2>&1; sweep_rc=$?
 echo "error sweep rc=$sweep_rc $((SECONDS-t1)) s (fp32 rel vs C/G or K/G; fwd dgrad wgrad):"
 awk '/^(ok|FAIL)/ {k=$2" "$3; v[k]=v[k]" "$8} END {for (k in v) print k v[k]}' \

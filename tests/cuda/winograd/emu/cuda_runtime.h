@@ -40,7 +40,6 @@ struct dim3 {
 
 namespace emu {
 inline thread_local dim3 thread_idx, block_idx;
-inline dim3 grid_dim;  // of the running launch
 inline std::barrier<>* block_barrier = nullptr;
 inline std::vector<std::unique_ptr<std::barrier<>>>* warp_barriers = nullptr;
 
@@ -55,7 +54,6 @@ void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t sme
   }
   std::barrier<> bar(block);
   block_barrier = &bar;
-  grid_dim = dim3(grid);
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   for (int w = 0; w < (block + 31) / 32; ++w)
     warps.push_back(std::make_unique<std::barrier<>>(std::min(32, block - 32 * w)));
@@ -78,7 +76,6 @@ void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t sme
 
 #define threadIdx (emu::thread_idx)
 #define blockIdx (emu::block_idx)
-#define gridDim (emu::grid_dim)
 
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 inline void __syncwarp() { (*emu::warp_barriers)[threadIdx.x / 32]->arrive_and_wait(); }
