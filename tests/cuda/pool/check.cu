@@ -722,7 +722,9 @@ void bench(const char* csv_path) {
     if (csv) std::fprintf(csv, "%s,%s,%.3f,%.1f\n", "cudaMemcpy D2D 64MB", "copy", us,
                           2.0 * bytes / (us * 1e-6) / 1e9);
   }
+  const char* only = std::getenv("POOL_BENCH_ONLY");  // a substring of the case names
   for (const BenchCase& bc : cases) {
+    if (only != nullptr && *only != 0 && std::strstr(bc.name, only) == nullptr) continue;
     const PoolProblem p = make(bc.spec);
     const size_t xb = p.x_elems() * dsize(t), yb = p.y_elems() * dsize(t);
     const bool is_max = std::string(bc.name).find("max") != std::string::npos;

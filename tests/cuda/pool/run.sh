@@ -8,6 +8,9 @@
 # GB/s; a cudaMemcpy row gives the device's copy bandwidth), and again with the channel tiles
 # off.
 # JAXDNN_POOL_BASELINE=FILE also times another pool_cuda.cu (e.g. an older commit's) for A/B.
+# POOL_AB_ENVS: space-separated timing variants of the default build (settings joined by ','),
+# POOL_AB_BUILDS: of builds with -D settings (joined by ','), both on the cases matching
+# POOL_AB_ONLY (default "maxpool3x3s2p1 32x"), into ab.txt.
 # Exit status: non-zero when a build or a check failed.
 set -u
 cd "$(dirname "$0")/../../.."
@@ -23,10 +26,14 @@ nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constex
 echo "build $((SECONDS - t0)) s; registers/spills of the pooling kernels:"
 grep -E "spill|Used" "$O/build.txt" | sed -E 's/ptxas info *: //' | sort | uniq -c | sort -rn | head -8
 rc=0
-for split in heuristic 0 1 chan2,3,1 chan0; do
+# The max backward of the quads: one pass with 1-row chunks (every chunk border), two passes.
+for split in heuristic 0 1 chan2,3,1 chan0 scatter1 scatter0; do
   t1=$SECONDS
   if [ "$split" = heuristic ]; then
     env -u JAXDNN_POOL_SPLIT -u JAXDNN_POOL_CHAN timeout 300 $BIN full > "$O/check_$split.txt" 2>&1 || rc=1
+  elif [ "${split#scatter}" != "$split" ]; then
+    JAXDNN_POOL_QUAD_SCATTER=${split#scatter} env -u JAXDNN_POOL_SPLIT -u JAXDNN_POOL_CHAN timeout 300 \
+      $BIN full > "$O/check_$split.txt" 2>&1 || rc=1
   elif [ "${split#chan}" != "$split" ]; then  # channel tiles forced tiny / off
     JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=${split#chan} env -u JAXDNN_POOL_SPLIT timeout 300 $BIN full \
       > "$O/check_$split.txt" 2>&1 || rc=1
@@ -58,6 +65,24 @@ timeout 120 $BIN --no-check bench --csv "$O/bench.csv" | grep "^BENCH" | tee "$O
 echo "---- timings with JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=0"
 JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=0 timeout 120 $BIN --no-check bench --csv "$O/bench_chan0.csv" | grep "^BENCH" \
   | sed 's/^BENCH/CHAN0/' | tee "$O/bench_chan0.txt"
+if [ -n "${POOL_AB_ENVS:-}${POOL_AB_BUILDS:-}" ]; then
+  echo "---- A/B timings (${POOL_AB_ONLY:=maxpool3x3s2p1 32x})" | tee "$O/ab.txt"
+  for v in default ${POOL_AB_ENVS:-}; do
+    e=${v//,/ }; [ "$v" = default ] && e=
+    env $e POOL_BENCH_ONLY="$POOL_AB_ONLY" timeout 60 $BIN --no-check bench | grep "^BENCH" \
+      | sed "s/^BENCH/$v /" | tee -a "$O/ab.txt"
+  done
+  for v in ${POOL_AB_BUILDS:-}; do
+    d=$(echo "$v" | tr ',' '\n' | sed 's/^/-D/' | tr '\n' ' ')
+    nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \
+      -Xptxas -v -Xcompiler -ffp-contract=off $d -I ffi/include -I ffi/cuda -I tests/cuda/pool \
+      tests/cuda/pool/check.cu ffi/cuda/pool_cuda.cu -o $BIN-ab > "$O/build_ab.txt" 2>&1 \
+      || { echo "$v: build failed" | tee -a "$O/ab.txt"; continue; }
+    grep -A2 quad_scatter "$O/build_ab.txt" | grep -E "Used|spill" | sort | uniq -c | sed "s/^/$v ptxas /" >> "$O/ab.txt"
+    POOL_BENCH_ONLY="$POOL_AB_ONLY" timeout 60 $BIN-ab --no-check bench | grep "^BENCH" \
+      | sed "s/^BENCH/$v /" | tee -a "$O/ab.txt"
+  done
+fi
 # A/B: JAXDNN_POOL_BASELINE=path/to/other/pool_cuda.cu times that kernel file with this checker.
 if [ -n "${JAXDNN_POOL_BASELINE:-}" ]; then
   echo "---- baseline timings ($JAXDNN_POOL_BASELINE)"
