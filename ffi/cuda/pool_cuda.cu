@@ -39,8 +39,11 @@
 //                four windows (2 x 2) x a channel vector, their 5 x 5 taps streamed row by
 //                row: max / avg forward of disjoint quads (25 loads for 4 outputs); max
 //                backward in two passes (each window's arg-max tap into the workspace, then
-//                each 2 x 2 input cell gathers dy from the 4 windows that cover it); avg
-//                backward per cell (no input loads).
+//                each 2 x 2 input cell gathers dy from the 4 windows that cover it; only when
+//                JAXDNN_POOL_QUAD_SCATTER=0); avg backward per cell (no input loads).
+//   quad_scatter the max backward of the quads' geometry in one pass: thread = 2 cells across x
+//                a chunk of cell rows down x a channel vector, streaming the window rows (each
+//                window's arg-max selected from x in registers, then the cells gather dy).
 //   rowvec       3x3 stride-2 forward of one-channel images (channels-first) with rows of whole
 //                16-byte vectors: thread = 2 output rows x half a vector of output columns, from
 //                5 row vectors and the column left of each.
