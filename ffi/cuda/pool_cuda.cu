@@ -1853,6 +1853,9 @@ __device__ __forceinline__ uint32_t onehot_mask(uint32_t w, int k) {
 #ifndef JAXDNN_QUAD_SCATTER_MINB
 #define JAXDNN_QUAD_SCATTER_MINB 2
 #endif
+#ifndef JAXDNN_QUAD_AVG_HALF
+#define JAXDNN_QUAD_AVG_HALF 0
+#endif
 #ifndef JAXDNN_QUAD_SCATTER_HALF
 #define JAXDNN_QUAD_SCATTER_HALF 0
 #endif
@@ -2243,6 +2246,15 @@ struct Launcher {
     Quads qd;
     if (S == 1 && quads(false, &qd)) {
       const i64 n = quad_items(qd);
+      // The avg forward on 8-byte halves of 16-byte vectors when JAXDNN_QUAD_AVG_HALF (sweeps).
+      if constexpr (JAXDNN_QUAD_AVG_HALF && sizeof(T) * V == 16) {
+        if (!is_max) {
+          quad_kernel<T, V / 2, QuadOp::kAvgFwd, I><<<blocks_for(2 * n, kBlock), kBlock, 0,
+                                                      stream>>>(g_half(), qd, x, nullptr, y,
+                                                                nullptr, static_cast<I>(2 * n));
+          return launched("avg pool forward (quads, half vectors)");
+        }
+      }
       if (is_max) quad_kernel<T, V, QuadOp::kMaxFwd, I><<<blocks_for(n, kBlock), kBlock, 0,
                                                           stream>>>(g, qd, x, nullptr, y, nullptr,
                                                                     static_cast<I>(n));
@@ -2413,6 +2425,9 @@ struct Launcher {
   i64 quad_items(const Quads& qd) const {
     return p.N * p.in[0] * static_cast<i64>(qd.fqh.d) * qd.fqw.d * (p.C / V);
   }
+
+  // The geometry of this problem with vectors of V / 2 elements.
+  Geo g_half() const { return make_geo(p, V / 2 > 0 ? V / 2 : 1); }
 
   // quad_scatter_kernel's chunks of the backward quads' cells (qc): the most cell rows per
   // chunk, up to 8, that still leave kFillThreads / 2 threads (two waves at its 2 blocks of
