@@ -27,7 +27,9 @@ echo "build $((SECONDS - t0)) s; registers/spills of the pooling kernels:"
 grep -E "spill|Used" "$O/build.txt" | sed -E 's/ptxas info *: //' | sort | uniq -c | sort -rn | head -8
 rc=0
 # The max backward of the quads: one pass with 1-row chunks (every chunk border), two passes.
-for split in heuristic 0 1 chan2,3,1 chan0 scatter1 scatter0; do
+# POOL_CHECKS: a subset of these configurations (short calls); POOL_LEAN=1 also skips the
+# racechecks and the timings with the quads and channel tiles off.
+for split in ${POOL_CHECKS:-heuristic 0 1 chan2,3,1 chan0 scatter1 scatter0}; do
   t1=$SECONDS
   if [ "$split" = heuristic ]; then
     env -u JAXDNN_POOL_SPLIT -u JAXDNN_POOL_CHAN timeout 300 $BIN full > "$O/check_$split.txt" 2>&1 || rc=1
@@ -47,6 +49,7 @@ t1=$SECONDS
 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN quick > "$O/memcheck.txt" 2>&1 \
   || rc=1
 echo "memcheck: $(grep -E 'ERROR SUMMARY' "$O/memcheck.txt" | tail -1) ($((SECONDS - t1)) s)"
+if [ -z "${POOL_LEAN:-}" ]; then
 t1=$SECONDS
 JAXDNN_POOL_SPLIT=1 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 $BIN quick \
   > "$O/racecheck.txt" 2>&1 || rc=1
@@ -59,12 +62,15 @@ t1=$SECONDS
 JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=2,3,1 env -u JAXDNN_POOL_SPLIT timeout 240 compute-sanitizer --tool racecheck \
   --error-exitcode 9 $BIN quick --only ct- > "$O/racecheck_chan.txt" 2>&1 || rc=1
 echo "racecheck (channel tiles): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck_chan.txt" | tail -1) ($((SECONDS - t1)) s)"
+fi
 echo "---- timings (median of 7 x 20 launches; GB/s counts bytes read + written)"
 timeout 120 $BIN --no-check bench --csv "$O/bench.csv" | grep "^BENCH" | tee "$O/bench.txt"
 # The older kernels on the same cases (quads and channel tiles off), for A/B.
+if [ -z "${POOL_LEAN:-}" ]; then
 echo "---- timings with JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=0"
 JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=0 timeout 120 $BIN --no-check bench --csv "$O/bench_chan0.csv" | grep "^BENCH" \
   | sed 's/^BENCH/CHAN0/' | tee "$O/bench_chan0.txt"
+fi
 if [ -n "${POOL_AB_ENVS:-}${POOL_AB_BUILDS:-}" ]; then
   echo "---- A/B timings (${POOL_AB_ONLY:=maxpool3x3s2p1 32x})" | tee "$O/ab.txt"
   for v in default ${POOL_AB_ENVS:-}; do
