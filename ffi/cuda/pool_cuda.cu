@@ -39,11 +39,8 @@
 //                four windows (2 x 2) x a channel vector, their 5 x 5 taps streamed row by
 //                row: max / avg forward of disjoint quads (25 loads for 4 outputs); max
 //                backward in two passes (each window's arg-max tap into the workspace, then
-//                each 2 x 2 input cell gathers dy from the 4 windows that cover it; only when
-//                JAXDNN_POOL_QUAD_SCATTER=0); avg backward per cell (no input loads).
-//   quad_scatter the max backward of the quads' geometry in one pass: thread = 2 cells across x
-//                a chunk of cell rows down x a channel vector, streaming the window rows (each
-//                window's arg-max selected from x in registers, then the cells gather dy).
+//                each 2 x 2 input cell gathers dy from the 4 windows that cover it); avg
+//                backward per cell (no input loads).
 //   rowvec       3x3 stride-2 forward of one-channel images (channels-first) with rows of whole
 //                16-byte vectors: thread = 2 output rows x half a vector of output columns, from
 //                5 row vectors and the column left of each.
@@ -1547,14 +1544,13 @@ __device__ __forceinline__ uint32_t ge_mask(uint32_t a, uint32_t b) {
 // selection (kSelect: a later tap v replaces the selection s unless s >= v, a padding tap
 // replaces only a NaN selection, with -inf) and what it carries: the selected tap (none for
 // padding) or, kPick, the tangent at the selected tap (0 for padding). 16-bit max works on
-// pairs in 32-bit words, the taps or tangents in the matching halves; kOneHot: a selected tap k
-// as the bit 1 << k of its half (0 for none), for quad_scatter_kernel's masks.
-template <typename T, int V, bool kMax, bool kSelect, bool kPick = false, bool kOneHot = false,
+// pairs in 32-bit words, the taps or tangents in the matching halves.
+template <typename T, int V, bool kMax, bool kSelect, bool kPick = false,
           bool kPacked = kMax && kPackedMax<T, V>>
 struct WindowState;
 
-template <typename T, int V, bool kSelect, bool kPick, bool kOneHot>
-struct WindowState<T, V, true, kSelect, kPick, kOneHot, true> {
+template <typename T, int V, bool kSelect, bool kPick>
+struct WindowState<T, V, true, kSelect, kPick, true> {
   using R = typename Vec<T, V>::R;
   static constexpr int kW = sizeof(T) * V / 4;
   uint32_t m[kW], k[kSelect ? kW : 1];
@@ -1562,7 +1558,7 @@ struct WindowState<T, V, true, kSelect, kPick, kOneHot, true> {
 #pragma unroll
     for (int i = 0; i < kW; ++i) {
       m[i] = kSelect ? nan2<T>() : neg_inf2<T>();
-      if (kSelect) k[i] = kPick || kOneHot ? 0u : 0xffffffffu;
+      if (kSelect) k[i] = kPick ? 0u : 0xffffffffu;
     }
   }
   // Tap v (its tap index, or the tangent words `picked`).
@@ -1574,9 +1570,7 @@ struct WindowState<T, V, true, kSelect, kPick, kOneHot, true> {
     for (int i = 0; i < kW; ++i) {
       if constexpr (kSelect) {
         const uint32_t keep = ge_mask<T>(m[i], v[i]);
-        const uint32_t payload = kPick      ? pw[i]
-                                 : kOneHot  ? (1u << tap) * 0x10001u
-                                            : static_cast<uint32_t>(tap) * 0x10001u;
+        const uint32_t payload = kPick ? pw[i] : static_cast<uint32_t>(tap) * 0x10001u;
         m[i] = (m[i] & keep) | (v[i] & ~keep);
         k[i] = (k[i] & keep) | (payload & ~keep);
       } else {
@@ -1589,7 +1583,7 @@ struct WindowState<T, V, true, kSelect, kPick, kOneHot, true> {
     for (int i = 0; i < kW; ++i) {
       const uint32_t keep = ge_mask<T>(m[i], neg_inf2<T>());  // not NaN
       m[i] = (m[i] & keep) | (neg_inf2<T>() & ~keep);
-      k[i] = kPick || kOneHot ? k[i] & keep : k[i] | ~keep;  // tangent +0 / no tap (0 / 0xffff)
+      k[i] = kPick ? k[i] & keep : k[i] | ~keep;  // tangent +0 / no tap (0xffff)
     }
   }
   __device__ __forceinline__ int tap(int e) const { return (k[e / 2] >> (16 * (e % 2))) & 0xffff; }
@@ -1600,8 +1594,8 @@ struct WindowState<T, V, true, kSelect, kPick, kOneHot, true> {
   }
 };
 
-template <typename T, int V, bool kMax, bool kSelect, bool kPick, bool kOneHot>
-struct WindowState<T, V, kMax, kSelect, kPick, kOneHot, false> {
+template <typename T, int V, bool kMax, bool kSelect, bool kPick>
+struct WindowState<T, V, kMax, kSelect, kPick, false> {
   using A = typename AccOf<T>::type;
   using R = typename Vec<T, V>::R;
   using K = std::conditional_t<kPick, A, int>;
@@ -1820,172 +1814,6 @@ __global__ void __launch_bounds__(kBlock, kOp == QuadOp::kMaxGather ? JAXDNN_QUA
 }
 
 // ---------------------------------------------------------------------------------------------
-// Max backward of 3 x 3 windows at stride 2 in one pass (the quads' geometry; no workspace):
-// thread = (2 quad cells across, a chunk of `rows` cell rows down, a channel vector). Cells
-// (c, c'), (c, c'+1) take their dy from windows c, c+1 down and c', c'+1, c'+2 across, so the
-// thread streams window rows c0, c0+1, ..., c1: for each it selects the three windows' arg-max
-// taps (select_kernel's rule, taps row by row from 3 input rows of 7 columns) and loads their
-// dy, then the cells of row c - 1 add, in increasing tap order, dy of the windows of rows c - 1
-// and c that selected them. Window row c0 is also computed by the chunk above (one window row
-// of every rows + 1 is recomputed) and window column c'+2 by the thread to the right.
-// Sums start at +0 in the accumulator type, as the two-pass scatter's do; 16-bit pairs mask dy
-// with the one-hot taps (a shift and a byte permute per word) instead of comparing per element.
-struct QuadStream {
-  FastDiv fcv, fpairs, fchunks;  // channel vectors, cell column pairs across, row chunks down
-  int ch0, cw0;             // the first cell (row, column): the backward quads' first windows
-  int cells_h, cells_w;
-  int rows;                 // cell rows per chunk
-};
-
-// 0xffff in the halves of w (one-hot taps) whose tap is k.
-__device__ __forceinline__ uint32_t onehot_mask(uint32_t w, int k) {
-  const uint32_t s = w << (15 - k);  // bit k of each half to the half's sign bit
-#ifdef JAXDNN_POOL_EMULATION
-  return ((s & 0x8000u) ? 0xffffu : 0u) | ((s & 0x80000000u) ? 0xffff0000u : 0u);
-#else
-  uint32_t r;
-  asm("prmt.b32 %0, %1, 0, 0xBB99;" : "=r"(r) : "r"(s));  // each half: its sign replicated
-  return r;
-#endif
-}
-
-// Blocks per SM that quad_scatter_kernel's register budget aims at (sweeps: -D...=N).
-#ifndef JAXDNN_QUAD_SCATTER_MINB
-#define JAXDNN_QUAD_SCATTER_MINB 2
-#endif
-#ifndef JAXDNN_QUAD_AVG_HALF
-#define JAXDNN_QUAD_AVG_HALF 0
-#endif
-#ifndef JAXDNN_QUAD_SCATTER_HALF
-#define JAXDNN_QUAD_SCATTER_HALF 0
-#endif
-
-template <typename T, int V, typename I>
-__global__ void __launch_bounds__(kBlock, JAXDNN_QUAD_SCATTER_MINB)
-    quad_scatter_kernel(Geo g, QuadStream qs, const T* __restrict__ x, const T* __restrict__ dy,
-                        T* __restrict__ dx, I items) {
-  using A = typename AccOf<T>::type;
-  using VT = Vec<T, V>;
-  using R = typename VT::R;
-  constexpr bool kPacked = kPackedMax<T, V>;
-  using State = WindowState<T, V, true, true, false, true>;
-  const I t = static_cast<I>(blockIdx.x) * kBlock + threadIdx.x;
-  if (t >= items) return;
-  int cv, q[3];
-  i64 n;
-  split_item(t, qs.fcv, qs.fpairs, qs.fchunks, g.fin[0], &cv, q, &n);
-  const int c_first = qs.ch0 + q[1] * qs.rows;
-  const int c_end = min(c_first + qs.rows, qs.ch0 + qs.cells_h);
-  const int w0 = qs.cw0 + 2 * q[2];  // window column of the first cell
-  const bool second = 2 * q[2] + 1 < qs.cells_w;
-  const i64 img = n * g.in[0] + q[0], C = g.C;
-  const i64 ch = static_cast<i64>(cv) * V;
-  bool vw[3];  // window columns w0 + b inside the output (the third only for a second cell)
-#pragma unroll
-  for (int b = 0; b < 3; ++b) vw[b] = w0 + b >= 0 && w0 + b < g.out[2] && (b < 2 || second);
-  const int s0 = 2 * w0 - g.pad[2];  // input column of tap 0 of window w0
-  bool in[7], need[7];
-#pragma unroll
-  for (int s = 0; s < 7; ++s) {
-    in[s] = s0 + s >= 0 && s0 + s < g.in[2];
-    need[s] = in[s] && ((s <= 2 && vw[0]) || (s >= 2 && s <= 4 && vw[1]) || (s >= 4 && vw[2]));
-  }
-
-  // Window row c: the three windows' selections and dy (valid: c inside the output).
-  auto window_row = [&](int c, State (&st)[3], R (&d)[3]) {
-    const i64 yrow = (img * g.out[1] + c) * g.out[2];
-#pragma unroll
-    for (int b = 0; b < 3; ++b) {
-      st[b].init();
-      if (vw[b]) d[b] = VT::load(dy + (yrow + w0 + b) * C + ch);
-    }
-#pragma unroll
-    for (int r = 0; r < 3; ++r) {
-      const int ir = 2 * c - g.pad[1] + r;
-      const bool rin = ir >= 0 && ir < g.in[1];
-      const i64 row = (img * g.in[1] + ir) * g.in[2];
-      R v[7];
-#pragma unroll
-      for (int s = 0; s < 7; ++s)
-        if (rin && need[s]) v[s] = VT::load(x + (row + s0 + s) * C + ch);
-#pragma unroll
-      for (int b = 0; b < 3; ++b) {
-        if (!vw[b]) continue;
-#pragma unroll
-        for (int kc = 0; kc < 3; ++kc) {
-          const int s = 2 * b + kc;
-          if (rin && in[s]) st[b].add(v[s], r * 3 + kc);
-          else st[b].padding();
-        }
-      }
-    }
-  };
-
-  State prev[3], cur[3];  // window rows c and c + 1 of cell row c
-  R dprev[3], dcur[3];
-  bool vprev = c_first >= 0 && c_first < g.out[1];
-  if (vprev) window_row(c_first, prev, dprev);
-  for (int c = c_first; c < c_end; ++c) {
-    const bool vcur = c + 1 >= 0 && c + 1 < g.out[1];
-    if (vcur) window_row(c + 1, cur, dcur);
-    // Cell u's input (2c + 1 - pad + j, 2(w0 + u) + 1 - pad + jj) is tap
-    // (1 + j - 2a, 1 + jj - 2b) of window (c + a, w0 + u + b); a, then b, descending.
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int ih = 2 * c + 1 - g.pad[1] + j;
-      if (ih < 0 || ih >= g.in[1]) continue;
-      const i64 row = (img * g.in[1] + ih) * g.in[2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        if (u == 1 && !second) continue;
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const int iw = s0 + 2 * u + 1 + jj;
-          if (iw < 0 || iw >= g.in[2]) continue;
-          A acc[V];
-#pragma unroll
-          for (int e = 0; e < V; ++e) acc[e] = A(0);
-#pragma unroll
-          for (int a = 1; a >= 0; --a) {
-            if ((a == 1 && (j == 0 || !vcur)) || (a == 0 && !vprev)) continue;
-#pragma unroll
-            for (int b = 1; b >= 0; --b) {
-              if ((b == 1 && jj == 0) || !vw[u + b]) continue;
-              const State& w = a ? cur[u + b] : prev[u + b];
-              const R& dw = a ? dcur[u + b] : dprev[u + b];
-              const int k = (1 + j - 2 * a) * 3 + 1 + jj - 2 * b;
-              A dv[V];
-              if constexpr (kPacked) {
-                uint32_t words[State::kW];
-                memcpy(words, &dw, sizeof(words));
-#pragma unroll
-                for (int i = 0; i < State::kW; ++i) words[i] &= onehot_mask(w.k[i], k);
-                R masked;
-                memcpy(&masked, words, sizeof(R));
-                VT::unpack(masked, dv);
-#pragma unroll
-                for (int e = 0; e < V; ++e) acc[e] += dv[e];
-              } else {
-                VT::unpack(dw, dv);
-#pragma unroll
-                for (int e = 0; e < V; ++e) acc[e] = w.tap(e) == k ? acc[e] + dv[e] : acc[e];
-              }
-            }
-          }
-          VT::store(dx + (row + iw) * C + ch, acc);
-        }
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < 3; ++b) {
-      prev[b] = cur[b];
-      dprev[b] = dcur[b];
-    }
-    vprev = vcur;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
 // 3 x 3 windows at stride 2 (dilation 1, low padding 1 along the width) over one-channel images
 // (channels-first layouts) whose rows are whole 16-byte vectors of E = 16 / sizeof(T) elements,
 // forward: thread = 2 output rows x E / 2 output columns. Output column (E / 2) j + q reads input
@@ -2168,19 +1996,6 @@ bool quads_off() {
   return value;
 }
 
-// JAXDNN_POOL_QUAD_SCATTER (read once): unset: quad_scatter_kernel with the heuristic's chunk
-// rows; "0": the quads' two-pass max backward instead; "N" > 0: N cell rows per chunk (checks,
-// sweeps). Returns -1 for unset, 0 or N.
-int quad_scatter_override() {
-  static const int value = [] {
-    const char* v = std::getenv("JAXDNN_POOL_QUAD_SCATTER");
-    if (v == nullptr || *v == 0) return -1;
-    const int n = std::atoi(v);
-    return n >= 0 ? n : -1;
-  }();
-  return value;
-}
-
 // JAXDNN_POOL_ROWVEC=0 (read once) turns rowvec_fwd_kernel off (the one-channel quads run).
 bool rowvec_off() {
   static const bool value = [] {
@@ -2246,15 +2061,6 @@ struct Launcher {
     Quads qd;
     if (S == 1 && quads(false, &qd)) {
       const i64 n = quad_items(qd);
-      // The avg forward on 8-byte halves of 16-byte vectors when JAXDNN_QUAD_AVG_HALF (sweeps).
-      if constexpr (JAXDNN_QUAD_AVG_HALF && sizeof(T) * V == 16) {
-        if (!is_max) {
-          quad_kernel<T, V / 2, QuadOp::kAvgFwd, I><<<blocks_for(2 * n, kBlock), kBlock, 0,
-                                                      stream>>>(g_half(), qd, x, nullptr, y,
-                                                                nullptr, static_cast<I>(2 * n));
-          return launched("avg pool forward (quads, half vectors)");
-        }
-      }
       if (is_max) quad_kernel<T, V, QuadOp::kMaxFwd, I><<<blocks_for(n, kBlock), kBlock, 0,
                                                           stream>>>(g, qd, x, nullptr, y, nullptr,
                                                                     static_cast<I>(n));
@@ -2426,29 +2232,6 @@ struct Launcher {
     return p.N * p.in[0] * static_cast<i64>(qd.fqh.d) * qd.fqw.d * (p.C / V);
   }
 
-  // The geometry of this problem with vectors of V / 2 elements.
-  Geo g_half() const { return make_geo(p, V / 2 > 0 ? V / 2 : 1); }
-
-  // quad_scatter_kernel's chunks of the backward quads' cells (qc): the most cell rows per
-  // chunk, up to 8, that still leave kFillThreads / 2 threads (two waves at its 2 blocks of
-  // 256 per SM), else 1; returns the thread count.
-  i64 quad_stream(const Quads& qc, int W, QuadStream* st) const {
-    st->ch0 = qc.qh0;
-    st->cw0 = qc.qw0;
-    st->cells_h = static_cast<int>(qc.fqh.d);
-    st->cells_w = static_cast<int>(qc.fqw.d);
-    const i64 pairs = (st->cells_w + 1) / 2, per_chunk = p.N * p.in[0] * pairs * (p.C / W);
-    const auto chunks = [&](int rows) { return (st->cells_h + rows - 1) / rows; };
-    int rows = quad_scatter_override() > 0 ? quad_scatter_override() : 8;
-    if (quad_scatter_override() < 0)
-      while (rows > 1 && per_chunk * chunks(rows) < kFillThreads / 2) --rows;
-    st->rows = rows;
-    st->fcv = FastDiv(p.C / W);
-    st->fpairs = FastDiv(pairs);
-    st->fchunks = FastDiv(chunks(rows));
-    return per_chunk * chunks(rows);
-  }
-
   // rowvec_fwd_kernel: one-channel images (depth folds into them), 3 x 3 windows at stride 2,
   // dilation 1, low padding 1 along the width, rows of whole 16-byte vectors (a 16-byte aligned
   // input), every output's columns inside the row (out width <= in width / 2), 32-bit items.
@@ -2560,15 +2343,6 @@ struct Launcher {
     Quads qs, qc;
     if constexpr (std::is_same_v<G, uint8_t>) {
       if (p.x_elems() > 0 && p.y_elems() > 0 && quads(false, &qs) && quads(true, &qc)) {
-        if (quad_scatter_override() != 0) {
-          // 16-byte vectors split in halves when JAXDNN_QUAD_SCATTER_HALF (sweeps).
-          constexpr int W = JAXDNN_QUAD_SCATTER_HALF && sizeof(T) * V == 16 ? V / 2 : V;
-          QuadStream st;
-          const i64 n = quad_stream(qc, W, &st);
-          quad_scatter_kernel<T, W, I><<<blocks_for(n, kBlock), kBlock, 0, stream>>>(
-              g, st, x, dy, dx, static_cast<I>(n));
-          return launched("max pool backward (quads, one pass)");
-        }
         const i64 ns = quad_items(qs), nc = quad_items(qc);
         quad_kernel<T, V, QuadOp::kMaxSelect, I><<<blocks_for(ns, kBlock), kBlock, 0, stream>>>(
             g, qs, x, nullptr, nullptr, arg, static_cast<I>(ns));

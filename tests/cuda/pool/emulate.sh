@@ -49,8 +49,4 @@ done
 for chan in 2,3,1 0; do
   JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=$chan env -u JAXDNN_POOL_SPLIT "$D/check" "${1:-quick}" || rc=1
 done
-# The quads' max backward in one pass with 1-row chunks (every chunk border), and in two passes.
-for sc in 1 0; do
-  JAXDNN_POOL_QUAD_SCATTER=$sc env -u JAXDNN_POOL_SPLIT -u JAXDNN_POOL_CHAN "$D/check" "${1:-quick}" || rc=1
-done
 exit $rc

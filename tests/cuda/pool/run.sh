@@ -26,16 +26,12 @@ nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constex
 echo "build $((SECONDS - t0)) s; registers/spills of the pooling kernels:"
 grep -E "spill|Used" "$O/build.txt" | sed -E 's/ptxas info *: //' | sort | uniq -c | sort -rn | head -8
 rc=0
-# The max backward of the quads: one pass with 1-row chunks (every chunk border), two passes.
 # POOL_CHECKS: a subset of these configurations (short calls); POOL_LEAN=1 also skips the
 # racechecks and the timings with the quads and channel tiles off.
-for split in ${POOL_CHECKS:-heuristic 0 1 chan2,3,1 chan0 scatter1 scatter0}; do
+for split in ${POOL_CHECKS:-heuristic 0 1 chan2,3,1 chan0}; do
   t1=$SECONDS
   if [ "$split" = heuristic ]; then
     env -u JAXDNN_POOL_SPLIT -u JAXDNN_POOL_CHAN timeout 300 $BIN full > "$O/check_$split.txt" 2>&1 || rc=1
-  elif [ "${split#scatter}" != "$split" ]; then
-    JAXDNN_POOL_QUAD_SCATTER=${split#scatter} env -u JAXDNN_POOL_SPLIT -u JAXDNN_POOL_CHAN timeout 300 \
-      $BIN full > "$O/check_$split.txt" 2>&1 || rc=1
   elif [ "${split#chan}" != "$split" ]; then  # channel tiles forced tiny / off
     JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=${split#chan} env -u JAXDNN_POOL_SPLIT timeout 300 $BIN full \
       > "$O/check_$split.txt" 2>&1 || rc=1
