@@ -38,6 +38,7 @@ def emulated_checker(tmp_path_factory):
 
 
 def _run(checker, mode, min_runs, **env):
+  """Runs the checker; returns its kernel launch counts ({name: launches})."""
   run = subprocess.run([str(checker), mode], cwd=REPO, env=dict(os.environ, **env),
                        capture_output=True, text=True, timeout=1500)
   tail = (run.stdout + run.stderr)[-4000:]
@@ -47,15 +48,24 @@ def _run(checker, mode, min_runs, **env):
   runs, failures = int(m.group(1)), int(m.group(2))
   assert failures == 0, tail
   assert runs >= min_runs, f"only {runs} runs: the set shrank?\n{tail}"
+  m = re.search(r"^LAUNCHES:(.*)$", run.stdout, re.M)
+  assert m is not None, tail
+  return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
 def test_cuda_winograd_kernels_emulated_on_the_host(emulated_checker):
-  _run(emulated_checker, "quick", 400)
+  launches = _run(emulated_checker, "quick", 400)
+  # Every family's kernels ran; the float GEMMs on the SIMT kernel (the host's default).
+  for kernel in ("fused_kernel", "gemm_kernel", "input_transform_kernel", "output_transform_kernel"):
+    assert launches.get(kernel, 0) > 0, launches
+  assert "gemm_tc_kernel" not in launches, launches
 
 
 def test_tensor_core_gemm_emulated_on_the_host(emulated_checker):
   """The 3xTF32 mma.sync GEMM (gemm_tc_kernel: operand split, fragment mapping, the m-major and
   k-major A tiles, zero fill) on one case, slow to emulate: partial row, column and K blocks, in
   every float32 variant and op."""
-  _run(emulated_checker, "full", 14, WINO_CASE="nhwc_c40_k136", WINO_DTYPES="f32",
-       JAXDNN_WINO_GEMM="mma")
+  launches = _run(emulated_checker, "full", 14, WINO_CASE="nhwc_c40_k136", WINO_DTYPES="f32",
+                  JAXDNN_WINO_GEMM="mma")
+  # Every float32 GEMM on the tensor-core kernel, none on the SIMT one.
+  assert launches.get("gemm_tc_kernel", 0) > 0 and "gemm_kernel" not in launches, launches

@@ -14,8 +14,9 @@ mkdir -p "$D"
 python3 - ffi/cuda/conv_winograd.cu "$D/wino_emu.cc" <<'PY'
 import re, sys
 src = open(sys.argv[1]).read()
-src, n = re.subn(r"(\w+_kernel<[^<>]*>)<<<(.*?)>>>\(",
-                 lambda m: f"emu::launch({m.group(1)}, {m.group(2)}, ", src, flags=re.S)
+src, n = re.subn(r"((\w+_kernel)<[^<>]*>)<<<(.*?)>>>\(",
+                 lambda m: f'emu::launch("{m.group(2)}", {m.group(1)}, {m.group(3)}, ', src,
+                 flags=re.S)
 assert n >= 8, n
 open(sys.argv[2], "w").write(src)
 PY

@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -43,9 +45,13 @@ inline thread_local dim3 thread_idx, block_idx;
 inline std::barrier<>* block_barrier = nullptr;
 inline std::vector<std::unique_ptr<std::barrier<>>>* warp_barriers = nullptr;
 
+// Launches per kernel name (the checker prints them: tests assert which GEMM kernel ran).
+inline std::map<std::string, long> launch_counts;
+
 template <typename... P, typename... A>
-void launch(void (*kernel)(P...), unsigned long long grid, int block, size_t smem, cudaStream_t,
-            A... args) {
+void launch(const char* name, void (*kernel)(P...), unsigned long long grid, int block, size_t smem,
+            cudaStream_t, A... args) {
+  ++launch_counts[name];
   // Dynamic shared memory: the kernels declare it as a static array under emulation.
   if (grid == 0 || grid > 0x7fffffffull || block <= 0 || block > 1024 || smem > 227 * 1024) {
     std::fprintf(stderr, "emu: invalid launch grid %llu block %d smem %zu\n", grid, block, smem);
