@@ -583,6 +583,16 @@ struct GemmArgs {
 struct GemmBlock {
   i64 nb, mb, xi, g, s;
   int klen;
+  // Element offsets of the block's A, B and C matrices (batch xi, group g, split s).
+  __device__ __forceinline__ i64 a_off(const GemmArgs& p) const {
+    return xi * p.a_xi + g * p.a_g + s * p.a_s;
+  }
+  __device__ __forceinline__ i64 b_off(const GemmArgs& p) const {
+    return xi * p.b_xi + g * p.b_g + s * p.b_s;
+  }
+  __device__ __forceinline__ i64 c_off(const GemmArgs& p) const {
+    return xi * p.c_xi + g * p.c_g + s * p.c_s;
+  }
 };
 __device__ __forceinline__ GemmBlock gemm_block(const GemmArgs& p) {
   const i64 blk = blockIdx.x, z = blk / (p.nblocks * p.mblocks);
@@ -755,10 +765,10 @@ __global__ void __launch_bounds__(kThreads, WINO_GEMM_MINB) gemm_kernel(GemmArgs
   const int tx = WINO_GEMM_WARP ? (tid / 32 % 2) * 8 + tid % 8 : tid % 16;
   const int ty = WINO_GEMM_WARP ? (tid / 64) * 4 + tid % 32 / 8 : tid / 16;
   const GemmBlock blk = gemm_block(p);
-  const i64 xi = blk.xi, g = blk.g, s = blk.s, m0 = blk.mb * BM, n0 = blk.nb * BN;
+  const i64 m0 = blk.mb * BM, n0 = blk.nb * BN;
   const int klen = blk.klen;
-  const T* A = static_cast<const T*>(p.A) + xi * p.a_xi + g * p.a_g + s * p.a_s;
-  const T* B = static_cast<const T*>(p.B) + xi * p.b_xi + g * p.b_g + s * p.b_s;
+  const T* A = static_cast<const T*>(p.A) + blk.a_off(p);
+  const T* B = static_cast<const T*>(p.B) + blk.b_off(p);
   const int nk = (klen + BK - 1) / BK;
 
   // Pair q = tid + i * kThreads. A k-major: k = q / (BM / 2V) (pair i: k + i * AKS); m-major:
@@ -1192,10 +1202,10 @@ __global__ void __launch_bounds__(kThreads, WIDE && kTcFlush ? 1 : WINO_TC_MINB)
   const int g = lane / 4, t = lane % 4;
   const int wm = (warp % 4) * WM, wn = (warp / 4) * WN;
   const GemmBlock blk = gemm_block(p);
-  const i64 xi = blk.xi, gr = blk.g, s = blk.s, m0 = blk.mb * BM, n0 = blk.nb * BN;
+  const i64 m0 = blk.mb * BM, n0 = blk.nb * BN;
   const int klen = blk.klen;
-  const float* A = static_cast<const float*>(p.A) + xi * p.a_xi + gr * p.a_g + s * p.a_s;
-  const float* B = static_cast<const float*>(p.B) + xi * p.b_xi + gr * p.b_g + s * p.b_s;
+  const float* A = static_cast<const float*>(p.A) + blk.a_off(p);
+  const float* B = static_cast<const float*>(p.B) + blk.b_off(p);
   const int nk = (klen + BK - 1) / BK;
 
   // Stage kt as 16-byte chunks, chunk q = tid + i * kThreads; k past klen and rows / columns past
@@ -1288,7 +1298,7 @@ __global__ void __launch_bounds__(kThreads, WIDE && kTcFlush ? 1 : WINO_TC_MINB)
 
   // c0, c1: (row g, cols 2t, 2t + 1); c2, c3: row g + 8.
   const i64 em = p.M - m0, en = p.N - n0;
-  float* C = static_cast<float*>(p.C) + xi * p.c_xi + gr * p.c_g + s * p.c_s + m0 * p.ldc + n0;
+  float* C = static_cast<float*>(p.C) + blk.c_off(p) + m0 * p.ldc + n0;
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -1362,8 +1372,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(GemmArgs p) {
   const GemmBlock blk = gemm_block(p);
   const i64 m0 = blk.mb * BM, n0 = blk.nb * BN;
   const int klen = blk.klen;
-  const float* A = static_cast<const float*>(p.A) + blk.xi * p.a_xi + blk.g * p.a_g + blk.s * p.a_s;
-  const float* B = static_cast<const float*>(p.B) + blk.xi * p.b_xi + blk.g * p.b_g + blk.s * p.b_s;
+  const float* A = static_cast<const float*>(p.A) + blk.a_off(p);
+  const float* B = static_cast<const float*>(p.B) + blk.b_off(p);
   const int nk = (klen + BK - 1) / BK;
 
   // Raw stage kt into ring slot st (zeros past M, N and klen; all three are multiples of 4).
@@ -1475,8 +1485,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(GemmArgs p) {
   // Accumulator layout (m64nBN): warp w of the warpgroup holds rows 16 (w % 4) + lane / 4 (+ 8),
   // columns 8 j + 2 (lane % 4) (+ 1) in acc[4 j + {0, 1}] (and acc[4 j + {2, 3}] for row + 8).
   const i64 em = p.M - m0, en = p.N - n0;
-  float* C = static_cast<float*>(p.C) + blk.xi * p.c_xi + blk.g * p.c_g + blk.s * p.c_s +
-             m0 * p.ldc + n0;
+  float* C = static_cast<float*>(p.C) + blk.c_off(p) + m0 * p.ldc + n0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = wg * 64 + (warp % 4) * 16 + lane / 4 + h * 8;

@@ -80,7 +80,7 @@ if [ -n "${POOL_AB_ENVS:-}${POOL_AB_BUILDS:-}" ]; then
       -Xptxas -v -Xcompiler -ffp-contract=off $d -I ffi/include -I ffi/cuda -I tests/cuda/pool \
       tests/cuda/pool/check.cu ffi/cuda/pool_cuda.cu -o $BIN-ab > "$O/build_ab.txt" 2>&1 \
       || { echo "$v: build failed" | tee -a "$O/ab.txt"; continue; }
-    grep -A2 quad_scatter "$O/build_ab.txt" | grep -E "Used|spill" | sort | uniq -c | sed "s/^/$v ptxas /" >> "$O/ab.txt"
+    grep -A2 quad_ "$O/build_ab.txt" | grep -E "Used|spill" | sort | uniq -c | sed "s/^/$v ptxas /" >> "$O/ab.txt"
     POOL_BENCH_ONLY="$POOL_AB_ONLY" timeout 60 $BIN-ab --no-check bench | grep "^BENCH" \
       | sed "s/^BENCH/$v /" | tee -a "$O/ab.txt"
   done
