@@ -22,9 +22,16 @@
 // ST - 1 K steps ahead across tile boundaries, so the next tile's operands are in flight while this
 // tile's values go out straight from the accumulator registers (the pipeline buffers are busy);
 // only a CTA's last tile, with the pipeline drained, is staged. A fused epilogue without a
-// residual takes the walk too, every tile staged through a C tile of its own past the stages
-// (WgParams::c_smem). One tile per CTA with an epilogue copies the tile's biases and residuals
-// into shared memory during its K loop (WgParams::epi_smem).
+// residual takes the walk too: bias and a 16-bit relu alone keep the register stores (below);
+// anything else stages every tile through a C tile of its own past the stages
+// (WgParams::c_smem). One tile per CTA with a 16-bit residual copies the tile's residuals into
+// shared memory during its K loop (WgParams::epi_smem).
+//
+// Bias in the accumulators (WgParams::bias_acc): the K loop accumulates onto the tile's biases
+// (acc starts at bias[col] instead of 0), so the epilogue has no bias to add, and a relu goes into
+// the 16-bit conversion of the stores (pack2_16): bias + relu then costs the epilogue nothing.
+// The sum is bias + sum(products) instead of sum(products) + bias: the same fp32 arithmetic in
+// another order. Not under split-K, whose partials must not each carry the bias.
 //
 // Backward-data at stride 1 is this forward kernel on dy (dgrad_as_forward): dx = conv(dy, w')
 // with w'[tap][k][c] = w[taps - 1 - tap][c][k] per group (flipped taps, input and output
@@ -71,7 +78,6 @@ constexpr int kThreads = 128;  // one warpgroup
 constexpr int kMaxTaps = 256;
 constexpr int kPersistentMaxSteps = 4;  // K steps per tile up to which the grid is persistent
 constexpr int kRowBytes = 128;  // K per stage (a K step): one 128-byte swizzle row per tile row
-constexpr int kEpiBiasBytes = 512;  // a tile's biases in shared memory: 128 float32 values
 
 // Input kinds: the wgmma flavour and the element type of x and the transposed filter.
 enum WgIn { kInBF16, kInF16, kInTF32 };
@@ -110,9 +116,9 @@ struct WgParams : WgGeom {
   int M, ntap, Kred, tilesM, tilesN;
   int out;  // 0: same 16-bit type as the input, 1: float32 (always for tf32)
   int pipe_bytes;  // shared memory of the pipeline stages (and C tile); the tap table follows
-  // One tile per CTA with an epilogue: byte offset (past the pipeline) of the tile's biases
-  // (kEpiBiasBytes) and, for 16-bit outputs, its residuals ([BM][BN] 16-bit values), which the
-  // CTA copies into shared memory while its K loop runs; 0: none.
+  // One tile per CTA with a 16-bit residual: byte offset (past the pipeline) of the tile's
+  // residuals ([BM][BN] 16-bit values), which the CTA copies into shared memory while its K loop
+  // runs; 0: none.
   int epi_smem;
   // Byte offset of the fp32 C tile ([BM][LDC]) that the epilogue stages through: 0, the drained
   // pipeline buffers (one tile per CTA, or the persistent walk's last tile); else a region of its
@@ -120,6 +126,7 @@ struct WgParams : WgGeom {
   // staged while the next tile's operands are in flight.
   int c_smem;
   EpiDev epi;  // fused epilogue (bias, residual, activation)
+  int bias_acc;  // 1: the accumulators start at the biases; the epilogue leaves epi.bias out
   // Split-K (few tiles, long reductions): CTA blockIdx.y multiplies K steps [y * ksplit,
   // (y + 1) * ksplit) and stores its fp32 tile into part[y][g][M][Kg]; split_reduce_kernel adds
   // the splits in order and applies the epilogue. nullptr: no split.
@@ -174,6 +181,41 @@ __device__ __forceinline__ void store_acc_f32(const float (&acc)[MB][BN / 2], fl
         *reinterpret_cast<float2*>(out + static_cast<long long>(m) * cols + col) =
             make_float2(acc[mb][j * 4 + 2 * half], acc[mb][j * 4 + 2 * half + 1]);
       }
+    }
+  }
+}
+
+// acc = the biases of this thread's accumulator columns (same layout as store_acc_f32: columns
+// 8j + 2(lane%4) (+1), on both of its rows of every 64-row block). bias is in the output's dtype
+// (float32, or 16-bit: f16 when f16); col0 = the tile's first channel, ncols = channels left from
+// it (columns past them start at 0 and are never stored). col0 + column is even and the bias
+// 16-byte aligned (wgmma_try), so each pair is one 8- or 4-byte load.
+template <int MB, int BN>
+__device__ __forceinline__ void acc_from_bias(float (&acc)[MB][BN / 2], const void* bias, long long col0,
+                                              int ncols, bool out32, bool f16) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int col = j * 8 + (lane & 3) * 2;
+    float b0 = 0.f, b1 = 0.f;
+    if (col < ncols) {
+      if (out32) {
+        const float2 v = __ldg(static_cast<const float2*>(bias) + (col0 + col) / 2);
+        b0 = v.x, b1 = v.y;
+      } else {
+        const unsigned w = __ldg(static_cast<const unsigned*>(bias) + (col0 + col) / 2);
+        if (f16) {
+          const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&w));
+          b0 = h.x, b1 = h.y;
+        } else {
+          b0 = __uint_as_float(w << 16), b1 = __uint_as_float(w & 0xffff0000u);
+        }
+      }
+    }
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+      acc[mb][4 * j] = acc[mb][4 * j + 2] = b0;
+      acc[mb][4 * j + 1] = acc[mb][4 * j + 3] = b1;
     }
   }
 }
@@ -285,9 +327,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   float acc[BM / 64][BN / 2];
 #pragma unroll
   for (int s = 0; s < ST - 1; ++s) load_next(s);
-  // One tile per CTA with an epilogue (epi_smem): the tile's biases and 16-bit residuals go to
-  // shared memory in one more cp.async group, in flight during the K loop, so that the epilogue
-  // finds them there. Loaded at the epilogue instead, each row's residuals waited a DRAM latency
+  // One tile per CTA with a 16-bit residual (epi_smem): the tile's residuals go to shared
+  // memory in one more cp.async group, in flight during the K loop, so that the epilogue finds
+  // them there. Loaded at the epilogue instead, each row's residuals waited a DRAM latency
   // (two rows in flight per thread: 2 CTAs x 128 threads x 32 bytes per SM; H200, bf16
   // r50_c2_1x1_up, 1 K step: bias + relu + residual took 1.69x the plain convolution). The
   // group goes after the prologue's, so the first K steps wait one stage further ahead.
@@ -295,34 +337,29 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   if (epi_smem) {
     const int m_base = (blockIdx.x / p.tilesN) * BM, n_base = (blockIdx.x % p.tilesN) * BN;
     const long long col0 = static_cast<long long>(g) * p.Kg + n_base;
-    unsigned char* es = smem + p.epi_smem;
-    if (p.epi.bias) {  // the output's dtype: float32 (4 values per 16 bytes) or 16-bit (8)
-      const int per = out32 ? 4 : 8;
-      const char* b = static_cast<const char*>(p.epi.bias);
-      for (int c = tid; c < BN / per; c += kThreads) {
-        const bool v = n_base + c * per < p.Kg;
-        cp_async16(es + c * 16, b + (v ? (col0 + c * per) * (16 / per) : 0), v);
-      }
-    }
-    if (p.epi.residual && !out32) {
-      const unsigned short* res = static_cast<const unsigned short*>(p.epi.residual);
-      for (int c = tid; c < BM * BN / 8; c += kThreads) {
-        const int r = c / (BN / 8), cc = c % (BN / 8), m = m_base + r;
-        const bool v = m < p.M && n_base + cc * 8 < p.Kg;
-        cp_async16(es + kEpiBiasBytes + c * 16,
-                   res + (v ? static_cast<long long>(m) * p.K + col0 + cc * 8 : 0), v);
-      }
+    const unsigned short* res = static_cast<const unsigned short*>(p.epi.residual);
+    for (int c = tid; c < BM * BN / 8; c += kThreads) {
+      const int r = c / (BN / 8), cc = c % (BN / 8), m = m_base + r;
+      const bool v = m < p.M && n_base + cc * 8 < p.Kg;
+      cp_async16(smem + p.epi_smem + c * 16, res + (v ? static_cast<long long>(m) * p.K + col0 + cc * 8 : 0), v);
     }
     cp_async_commit();
   }
+  // a relu goes into the 16-bit conversion of the stores (pack2_16)
+  const bool relu16 = p.epi.on && !out32 && p.epi.act == static_cast<int>(Activation::kRelu);
   int step = 0;  // K steps multiplied so far by this CTA: the stage ring position
   const int warp = tid >> 5, lane = tid & 31;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int m_base = (tile / p.tilesN) * BM, n_base = (tile % p.tilesN) * BN;
+    if (p.bias_acc) {
+      acc_from_bias<BM / 64, BN>(acc, p.epi.bias, static_cast<long long>(g) * p.Kg + n_base,
+                                 p.Kg - n_base, out32, kF16);
+    } else {
 #pragma unroll
-    for (int mb = 0; mb < BM / 64; ++mb)
+      for (int mb = 0; mb < BM / 64; ++mb)
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
+        for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
+    }
     for (int kt = 0; kt < nk; ++kt, ++step) {
       cp_async_wait<ST - 2>();
       // cp.async wrote through the generic proxy; wgmma reads through the async proxy
@@ -352,10 +389,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     // columns 8j + 2(l%4) (+1) in acc[j*4 + {0,1}] (row) and acc[j*4 + {2,3}] (row + 8).
     const bool c_own = p.c_smem != 0;  // the C tile has its own shared memory (persistent walk)
     if (!c_own && tile + static_cast<int>(gridDim.x) < tiles) {
-      // Persistent walk without an epilogue, not this CTA's last tile: the next tile's loads
-      // are in flight in the pipeline buffers, so the values go out from the registers, two
-      // channels (4 or 8 bytes) per store. Kg % 8 == 0 and even columns keep every pair inside
-      // one row and aligned.
+      // Persistent walk without an epilogue beyond bias_acc and relu16 (launch), not this CTA's
+      // last tile: the next tile's loads are in flight in the pipeline buffers, so the values go
+      // out from the registers, two channels (4 or 8 bytes) per store. Kg % 8 == 0 and even
+      // columns keep every pair inside one row and aligned.
 #pragma unroll
       for (int mb = 0; mb < BM / 64; ++mb) {
 #pragma unroll
@@ -372,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
               *reinterpret_cast<float2*>(static_cast<float*>(p.y) + row + col) = make_float2(v0, v1);
             else
               *reinterpret_cast<uint32_t*>(static_cast<unsigned short*>(p.y) + row + col) =
-                  pack2_16(v0, v1, kF16, false);
+                  pack2_16(v0, v1, kF16, relu16);
           }
         }
       }
@@ -409,23 +446,19 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     const int col = n_base + ec * 8;
     if (col >= p.Kg) continue;  // Kg % 8 == 0: a chunk lies inside the row or past its end
     const long long off0 = static_cast<long long>(g) * p.Kg + col;  // + m * K: row m's offset
-    EpiDev epi = p.epi;  // a relu goes into the 16-bit conversion of the stores (pack2_16)
-    const bool relu16 = epi_take_relu_to_store(epi, !out32);
-    const unsigned char* es = smem + p.epi_smem;  // the tile's biases and residuals (epi_smem)
-    // this thread's 8 columns are the same on every row it stores: their biases load once
+    // The epilogue left: the biases are in the accumulators (bias_acc), a relu in the stores
+    // (relu16); epi.on: anything left at all. Built here, not before the tile loop, so that its
+    // fields stay in the parameter space instead of registers across the K loop.
+    EpiDev epi = p.epi;
+    if (p.bias_acc) epi.bias = nullptr;
+    epi_take_relu_to_store(epi, !out32);
+    epi.on = epi.on && (epi.bias || epi.residual || epi.preact ||
+                        epi.act != static_cast<int>(Activation::kIdentity));
+    const unsigned char* es = smem + p.epi_smem;  // the tile's residuals (epi_smem)
+    // this thread's 8 columns are the same on every row it stores: their biases (none unless
+    // bias_acc is off: JAXDNN_WGMMA_BIAS_ACC=0) load once
     float bias[8];
-    if (epi.on && epi_smem && epi.bias) {
-      if (out32) {
-        const float4 a = reinterpret_cast<const float4*>(es)[2 * ec];
-        const float4 b = reinterpret_cast<const float4*>(es)[2 * ec + 1];
-        bias[0] = a.x, bias[1] = a.y, bias[2] = a.z, bias[3] = a.w;
-        bias[4] = b.x, bias[5] = b.y, bias[6] = b.z, bias[7] = b.w;
-      } else {
-        epi_raw16_unpack<8>(epi, reinterpret_cast<const uint4*>(es)[ec], bias);
-      }
-    } else if (epi.on) {
-      epi_bias_run<8>(epi, off0, 8, bias);
-    }
+    if (epi.on) epi_bias_run<8>(epi, off0, 8, bias);
     // 16-bit residuals, 16 bytes per row: from the tile in shared memory (epi_smem), else kR
     // rows' loads go out before the first of their stores (one row at a time, each load waited a
     // DRAM latency behind the previous row's store). The compiler schedules these read-only
@@ -441,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
         for (int i = 0; i < kR; ++i) {
           const int r = er + (i0 + i) * RPP, m = m_base + r;
           if (r < BM && m < p.M)
-            res_raw[i] = epi_smem ? reinterpret_cast<const uint4*>(es + kEpiBiasBytes + r * BN * 2)[ec]
+            res_raw[i] = epi_smem ? reinterpret_cast<const uint4*>(es + r * BN * 2)[ec]
                                   : epi_raw16_load<8>(epi.residual, static_cast<long long>(m) * p.K + off0);
         }
       }
@@ -767,14 +800,22 @@ std::string allow_smem(Kern kern, int bytes, std::atomic<unsigned long long>& do
   return "";
 }
 
+// Whether the persistent walk must stage every tile through a C tile of its own: an epilogue
+// beyond biases in the accumulators (bias_acc) and a relu in the 16-bit stores.
+bool walk_stages_tiles(const EpiDev& e, bool bias_acc, bool out32) {
+  if (!e.on) return false;
+  const bool relu16 = !out32 && e.act == static_cast<int>(Activation::kRelu);
+  return (e.bias && !bias_acc) || e.residual || e.preact ||
+         (e.act != static_cast<int>(Activation::kIdentity) && !relu16);
+}
+
 template <int IN, int BM, int BN>
 std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStream_t st) {
   using Cf = WgCfg<BM, BN>;
   auto kern = wgmma_conv_fwd_kernel<IN, BM, BN>;
   static std::atomic<unsigned long long> attr_done{0};
   int dev = 0;
-  const int smem_max = std::max(Cf::PIPE + kEpiBiasBytes + Cf::res_bytes(), Cf::PIPE + Cf::C_BYTES) +
-                       kMaxTaps * 16;
+  const int smem_max = Cf::PIPE + std::max(Cf::res_bytes(), Cf::C_BYTES) + kMaxTaps * 16;
   if (std::string err = allow_smem(kern, smem_max, attr_done, &dev); !err.empty()) return err;
   cudaError_t e;
   // CTAs per SM at `smem` bytes, queried once per (device, size): a launch must not pay a driver
@@ -798,18 +839,18 @@ std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStre
   // The persistent walk with a fused epilogue stages every tile through a C tile of its own,
   // past the stages (register-direct stores with bias and residual loads had cost 1.95x the
   // plain walk on r50_c2_1x1_dn, session 16). Staging the plain walk's tiles too gained nothing
-  // (r50_c2_1x1_dn 0.0315 / 0.0314 ms, H100, session 19), so those keep the register stores.
-  const bool c_own = persistent && p.epi.on;
+  // (r50_c2_1x1_dn 0.0315 / 0.0314 ms, H100, session 19), so those keep the register stores, and
+  // so does an epilogue of biases in the accumulators and a relu in the 16-bit stores.
+  const bool c_own = persistent && walk_stages_tiles(p.epi, p.bias_acc != 0, p.out != 0 || IN == kInTF32);
   p.pipe_bytes = persistent ? Cf::PIPE + (c_own ? Cf::C_BYTES : 0)
                             : std::max(std::min(steps, Cf::ST) * Cf::STAGE, Cf::C_BYTES);
   p.pipe_bytes = (p.pipe_bytes + 1023) & ~1023;  // stages stay 1024-byte aligned (swizzle)
   p.c_smem = c_own ? Cf::PIPE : 0;
   int smem = p.pipe_bytes + p.ntap * 16;
-  // The epilogue operands' shared-memory copy, where it leaves as many CTAs per SM.
+  // The 16-bit residuals' shared-memory copy, where it leaves as many CTAs per SM.
   p.epi_smem = 0;
-  if (!persistent && !p.part && (p.epi.bias || p.epi.residual)) {
-    const bool res = p.epi.residual && p.out == 0 && IN != kInTF32;
-    const int with = smem + kEpiBiasBytes + (res ? Cf::res_bytes() : 0);
+  if (!persistent && !p.part && p.epi.residual && p.out == 0 && IN != kInTF32) {
+    const int with = smem + Cf::res_bytes();
     int n0 = 0, n1 = 0;
     e = per_sm(smem, &n0);
     if (e == cudaSuccess) e = per_sm(with, &n1);
@@ -1097,6 +1138,10 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   p.part = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(io.workspace) + filter_bytes(c))
                            : nullptr;
   p.ksplit = plan.ksplit;
+  // Biases into the accumulators, except under split-K (its reduce adds them once).
+  // JAXDNN_WGMMA_BIAS_ACC=0: the epilogue adds them (comparisons).
+  const char* bias_acc_env = std::getenv("JAXDNN_WGMMA_BIAS_ACC");
+  p.bias_acc = p.epi.bias && !p.part && !(bias_acc_env && bias_acc_env[0] == '0') ? 1 : 0;
   // Persistent tile walk for short reductions (at most kPersistentMaxSteps K steps per tile)
   // into narrow output tiles (BN = 64), without an epilogue. H200 bf16, kernel-only:
   // r50_c2_1x1_dn (Kred 256, BN 64) 0.0328 -> 0.0294 ms in session 4; r50_c2_1x1_up (Kred 64,
