@@ -142,14 +142,16 @@ def test_wgmma_split_k_with_fused_epilogue(case, dtype, monkeypatch):
     assert relative_error(dx, dx_ref) < tolerance(dtype)
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "tf32"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=["bf16", "f16", "tf32"])
 @pytest.mark.parametrize("tile", ["64x64", "64x128"])
 def test_wgmma_persistent_walk_with_fused_epilogue(tile, dtype, monkeypatch):
   """The persistent tile walk forced on a 1x1 layer with more tiles (576 of 64x64) than resident
   CTAs, with bias + residual + relu, and with gelu under differentiation (the pre-activation is
   stored too): every tile goes out through its own staged C tile while the next tile's operands
-  load. Without the override the walk runs for 64x64 tiles of at most 4 K steps, with any
-  epilogue but a residual."""
+  load. With bias + relu alone the biases start the accumulators and, in 16-bit, the relu goes
+  into the stores, so the tiles go out straight from the registers; 200 output channels leave a
+  partial column tile. Without the override the walk runs for 64x64 tiles of at most 4 K steps,
+  with any epilogue but a residual."""
   monkeypatch.setenv("JAXDNN_WGMMA_PERSISTENT", "1")
   monkeypatch.setenv("JAXDNN_WGMMA_TILE", tile)
   kw = dict(window_strides=(1, 1), padding="VALID", dimension_numbers=DNUMS[2])
@@ -163,6 +165,10 @@ def test_wgmma_persistent_walk_with_fused_epilogue(tile, dtype, monkeypatch):
                                                algo="implicit_precomp_gemm")
   y = jax.jit(lambda a, b, bb, r: conv(a, b, bb, r, "relu"))(x, w, bias, res)
   assert relative_error(y, jnp.maximum(z_ref + res.astype(jnp.float64), 0)) < tolerance(dtype)
+  y = jax.jit(lambda a, b, bb: conv(a, b, bb, None, "relu"))(x, w, bias)
+  assert relative_error(y, jnp.maximum(z_ref, 0)) < tolerance(dtype)
+  y = jax.jit(lambda a, b, bb: conv(a, b, bb, None, None))(x, w, bias)
+  assert relative_error(y, z_ref) < tolerance(dtype)
   # gelu: the forward stores the pre-activation for the backward (the bias gradient reads it)
   gb = jax.jit(jax.grad(lambda bb: jnp.sum(conv(x, w, bb, None, "gelu").astype(jnp.float32))))(bias)
   gb_ref = jax.grad(lambda bb: jnp.sum(jax.nn.gelu(lax_conv_hi(x64, w64, **kw) + bb,
