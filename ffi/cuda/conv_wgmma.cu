@@ -485,13 +485,12 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     for (int i0 = 0; i0 < kRows; i0 += kR) {
       uint4 res_raw[kR];
       if (res16) {
-        // every row's load issued before any is used: rows past the tile or the output read the
-        // last row instead (never stored), so that no branch makes each load wait for the last
 #pragma unroll
         for (int i = 0; i < kR; ++i) {
-          const int r = min(er + (i0 + i) * RPP, BM - 1), m = min(m_base + r, p.M - 1);
-          res_raw[i] = epi_smem ? reinterpret_cast<const uint4*>(es + r * BN * 2)[ec]
-                                : epi_raw16_load<8>(epi.residual, static_cast<long long>(m) * p.K + off0);
+          const int r = er + (i0 + i) * RPP, m = m_base + r;
+          if (r < BM && m < p.M)
+            res_raw[i] = epi_smem ? reinterpret_cast<const uint4*>(es + r * BN * 2)[ec]
+                                  : epi_raw16_load<8>(epi.residual, static_cast<long long>(m) * p.K + off0);
         }
       }
 #pragma unroll
