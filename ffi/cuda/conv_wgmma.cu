@@ -189,44 +189,29 @@ __device__ __forceinline__ void store_acc_f32(const float (&acc)[MB][BN / 2], fl
 // 8j + 2(lane%4) (+1), on both of its rows of every 64-row block). bias is in the output's dtype
 // (float32, or 16-bit: f16 when f16); col0 = the tile's first channel, ncols = channels left from
 // it (columns past them start at 0 and are never stored). col0 + column is even and the bias
-// 16-byte aligned (wgmma_try), so each pair is one 8- or 4-byte load. Every load is issued before
-// any value is used, from an in-range address (col0's pair stands in past ncols), with no branch
-// around it: loaded and unpacked inside `if (col < ncols)`, each of the 16 loads of a 128-wide
-// tile waited its own L2 latency before the next was issued (sm_90a SASS: BSSY/BSYNC per load),
-// and bias + relu cost r50_c2_1x1_up (one K step, 128x128) 1.15x the plain kernel (H100, s21).
+// 16-byte aligned (wgmma_try), so each pair is one 8- or 4-byte load.
 template <int MB, int BN>
 __device__ __forceinline__ void acc_from_bias(float (&acc)[MB][BN / 2], const void* bias, long long col0,
                                               int ncols, bool out32, bool f16) {
   const int lane = threadIdx.x & 31;
-  float b[BN / 8][2];  // (b0, b1) of column pair j
-  if (out32) {
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = j * 8 + (lane & 3) * 2;
-      const float2 v = __ldg(static_cast<const float2*>(bias) + (col0 + (col < ncols ? col : 0)) / 2);
-      b[j][0] = v.x, b[j][1] = v.y;
-    }
-  } else {
-    unsigned w[BN / 8];
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = j * 8 + (lane & 3) * 2;
-      w[j] = __ldg(static_cast<const unsigned*>(bias) + (col0 + (col < ncols ? col : 0)) / 2);
-    }
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      if (f16) {
-        const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-        b[j][0] = h.x, b[j][1] = h.y;
-      } else {
-        b[j][0] = __uint_as_float(w[j] << 16), b[j][1] = __uint_as_float(w[j] & 0xffff0000u);
-      }
-    }
-  }
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
-    const bool in = j * 8 + (lane & 3) * 2 < ncols;
-    const float b0 = in ? b[j][0] : 0.f, b1 = in ? b[j][1] : 0.f;
+    const int col = j * 8 + (lane & 3) * 2;
+    float b0 = 0.f, b1 = 0.f;
+    if (col < ncols) {
+      if (out32) {
+        const float2 v = __ldg(static_cast<const float2*>(bias) + (col0 + col) / 2);
+        b0 = v.x, b1 = v.y;
+      } else {
+        const unsigned w = __ldg(static_cast<const unsigned*>(bias) + (col0 + col) / 2);
+        if (f16) {
+          const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&w));
+          b0 = h.x, b1 = h.y;
+        } else {
+          b0 = __uint_as_float(w << 16), b1 = __uint_as_float(w & 0xffff0000u);
+        }
+      }
+    }
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) {
       acc[mb][4 * j] = acc[mb][4 * j + 2] = b0;
