@@ -31,7 +31,8 @@
 // (acc starts at bias[col] instead of 0), so the epilogue has no bias to add, and a relu goes into
 // the 16-bit conversion of the stores (pack2_16): bias + relu then costs the epilogue nothing.
 // The sum is bias + sum(products) instead of sum(products) + bias: the same fp32 arithmetic in
-// another order. Not under split-K, whose partials must not each carry the bias.
+// another order. Not under split-K, whose partials must not each carry the bias, nor with a
+// residual (slower there: see wgmma_try).
 //
 // Backward-data at stride 1 is this forward kernel on dy (dgrad_as_forward): dx = conv(dy, w')
 // with w'[tap][k][c] = w[taps - 1 - tap][c][k] per group (flipped taps, input and output
@@ -1138,10 +1139,16 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   p.part = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(io.workspace) + filter_bytes(c))
                            : nullptr;
   p.ksplit = plan.ksplit;
-  // Biases into the accumulators, except under split-K (its reduce adds them once).
-  // JAXDNN_WGMMA_BIAS_ACC=0: the epilogue adds them (comparisons).
+  // Biases into the accumulators, except under split-K (its reduce adds them once) and with a
+  // residual. H100, bf16, kernel-only, against the plain kernel (session 21): bias + relu
+  // r50_c2_1x1_dn 1.17x -> 1.08x, r50_c2_1x1_up 1.22x -> 1.15x, r50_c2_3x3 1.08x -> 1.06x; with a
+  // residual too, r50_c2_1x1_up 1.55x -> 1.79x, r50_c5_1x1 1.32x -> 1.44x, r50_c4_1x1 1.08x ->
+  // 1.20x. My reading, not measured: acc_from_bias waits for its loads one at a time (sm_90a
+  // SASS: a branch around each load and its unpack), and there they queue behind the residual
+  // tile's copy into shared memory. So a residual keeps the biases in the epilogue.
+  // JAXDNN_WGMMA_BIAS_ACC=0: always the epilogue (comparisons).
   const char* bias_acc_env = std::getenv("JAXDNN_WGMMA_BIAS_ACC");
-  p.bias_acc = p.epi.bias && !p.part && !(bias_acc_env && bias_acc_env[0] == '0') ? 1 : 0;
+  p.bias_acc = p.epi.bias && !p.part && !p.epi.residual && !(bias_acc_env && bias_acc_env[0] == '0') ? 1 : 0;
   // Persistent tile walk for short reductions (at most kPersistentMaxSteps K steps per tile)
   // into narrow output tiles (BN = 64), without an epilogue. H200 bf16, kernel-only:
   // r50_c2_1x1_dn (Kred 256, BN 64) 0.0328 -> 0.0294 ms in session 4; r50_c2_1x1_up (Kred 64,
