@@ -142,16 +142,19 @@ def test_wgmma_split_k_with_fused_epilogue(case, dtype, monkeypatch):
     assert relative_error(dx, dx_ref) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("bias_acc", ["1", "0"], ids=["bias_in_acc", "bias_in_epilogue"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=["bf16", "f16", "tf32"])
 @pytest.mark.parametrize("tile", ["64x64", "64x128"])
-def test_wgmma_persistent_walk_with_fused_epilogue(tile, dtype, monkeypatch):
+def test_wgmma_persistent_walk_with_fused_epilogue(tile, dtype, bias_acc, monkeypatch):
   """The persistent tile walk forced on a 1x1 layer with more tiles (576 of 64x64) than resident
   CTAs, with bias + residual + relu, and with gelu under differentiation (the pre-activation is
   stored too): every tile goes out through its own staged C tile while the next tile's operands
   load. With bias + relu alone the biases start the accumulators and, in 16-bit, the relu goes
   into the stores, so the tiles go out straight from the registers; 200 output channels leave a
-  partial column tile. Without the override the walk runs for 64x64 tiles of at most 4 K steps,
-  with any epilogue but a residual."""
+  partial column tile. JAXDNN_WGMMA_BIAS_ACC=0 adds the biases in the (staged) epilogue instead,
+  the path a residual takes. Without the override the walk runs for 64x64 tiles of at most 4 K
+  steps, with any epilogue but a residual."""
+  monkeypatch.setenv("JAXDNN_WGMMA_BIAS_ACC", bias_acc)
   monkeypatch.setenv("JAXDNN_WGMMA_PERSISTENT", "1")
   monkeypatch.setenv("JAXDNN_WGMMA_TILE", tile)
   kw = dict(window_strides=(1, 1), padding="VALID", dimension_numbers=DNUMS[2])
