@@ -191,33 +191,46 @@ __device__ __forceinline__ void store_acc_f32(const float (&acc)[MB][BN / 2], fl
 // (float32, or 16-bit: f16 when f16); col0 = the tile's first channel, ncols = channels left from
 // it (columns past them start at 0 and are never stored). col0 + column is even and the bias
 // 16-byte aligned (wgmma_try), so each pair is one 8- or 4-byte load.
+template <int MB, int BN, typename Raw, typename Unpack>
+__device__ __forceinline__ void acc_from_bias_as(float (&acc)[MB][BN / 2], const Raw* pairs, long long col0,
+                                                 int ncols, Unpack unpack) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kPairs = BN / 8;
+  // Every load first, each from an in-range address (the tile's first pair stands in for the
+  // pairs past ncols), then the unpacking: with a branch around each load and its unpack the
+  // SASS waited for each load before it issued the next (16 L2 round trips at BN = 128).
+  Raw raw[kPairs];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int col = j * 8 + (lane & 3) * 2;
+    raw[j] = __ldg(pairs + (col0 + (col < ncols ? col : 0)) / 2);
+  }
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    float2 b = unpack(raw[j]);
+    if (j * 8 + (lane & 3) * 2 >= ncols) b = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+      acc[mb][4 * j] = acc[mb][4 * j + 2] = b.x;
+      acc[mb][4 * j + 1] = acc[mb][4 * j + 3] = b.y;
+    }
+  }
+}
+
 template <int MB, int BN>
 __device__ __forceinline__ void acc_from_bias(float (&acc)[MB][BN / 2], const void* bias, long long col0,
                                               int ncols, bool out32, bool f16) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int col = j * 8 + (lane & 3) * 2;
-    float b0 = 0.f, b1 = 0.f;
-    if (col < ncols) {
-      if (out32) {
-        const float2 v = __ldg(static_cast<const float2*>(bias) + (col0 + col) / 2);
-        b0 = v.x, b1 = v.y;
-      } else {
-        const unsigned w = __ldg(static_cast<const unsigned*>(bias) + (col0 + col) / 2);
-        if (f16) {
-          const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&w));
-          b0 = h.x, b1 = h.y;
-        } else {
-          b0 = __uint_as_float(w << 16), b1 = __uint_as_float(w & 0xffff0000u);
-        }
-      }
-    }
-#pragma unroll
-    for (int mb = 0; mb < MB; ++mb) {
-      acc[mb][4 * j] = acc[mb][4 * j + 2] = b0;
-      acc[mb][4 * j + 1] = acc[mb][4 * j + 3] = b1;
-    }
+  if (out32) {
+    acc_from_bias_as<MB, BN>(acc, static_cast<const float2*>(bias), col0, ncols,
+                             [](float2 v) { return v; });
+  } else if (f16) {
+    acc_from_bias_as<MB, BN>(acc, static_cast<const unsigned*>(bias), col0, ncols, [](unsigned w) {
+      return __half22float2(*reinterpret_cast<const __half2*>(&w));
+    });
+  } else {
+    acc_from_bias_as<MB, BN>(acc, static_cast<const unsigned*>(bias), col0, ncols, [](unsigned w) {
+      return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    });
   }
 }
 
@@ -473,10 +486,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       if (res16) {
 #pragma unroll
         for (int i = 0; i < kR; ++i) {
-          const int r = er + (i0 + i) * RPP, m = m_base + r;
-          if (r < BM && m < p.M)
-            res_raw[i] = epi_smem ? reinterpret_cast<const uint4*>(es + r * BN * 2)[ec]
-                                  : epi_raw16_load<8>(epi.residual, static_cast<long long>(m) * p.K + off0);
+          // Clamped rows (rows past the tile or M load a row that is there and go unused), so
+          // that no branch separates the loads.
+          const int r = min(er + (i0 + i) * RPP, BM - 1), m = min(m_base + r, p.M - 1);
+          res_raw[i] = epi_smem ? reinterpret_cast<const uint4*>(es + r * BN * 2)[ec]
+                                : epi_raw16_load<8>(epi.residual, static_cast<long long>(m) * p.K + off0);
         }
       }
 #pragma unroll
@@ -1146,9 +1160,11 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   // 1.20x. My reading, not measured: acc_from_bias waits for its loads one at a time (sm_90a
   // SASS: a branch around each load and its unpack), and there they queue behind the residual
   // tile's copy into shared memory. So a residual keeps the biases in the epilogue.
-  // JAXDNN_WGMMA_BIAS_ACC=0: always the epilogue (comparisons).
+  // JAXDNN_WGMMA_BIAS_ACC=0: always the epilogue; =2: the accumulators with a residual too
+  // (comparisons).
   const char* bias_acc_env = std::getenv("JAXDNN_WGMMA_BIAS_ACC");
-  p.bias_acc = p.epi.bias && !p.part && !p.epi.residual && !(bias_acc_env && bias_acc_env[0] == '0') ? 1 : 0;
+  const char bias_acc_mode = bias_acc_env ? bias_acc_env[0] : '1';
+  p.bias_acc = p.epi.bias && !p.part && (!p.epi.residual || bias_acc_mode == '2') && bias_acc_mode != '0' ? 1 : 0;
   // Persistent tile walk for short reductions (at most kPersistentMaxSteps K steps per tile)
   // into narrow output tiles (BN = 64), without an epilogue. H200 bf16, kernel-only:
   // r50_c2_1x1_dn (Kred 256, BN 64) 0.0328 -> 0.0294 ms in session 4; r50_c2_1x1_up (Kred 64,

@@ -10,7 +10,8 @@
 # JAXDNN_POOL_BASELINE=FILE also times another pool_cuda.cu (e.g. an older commit's) for A/B.
 # POOL_AB_ENVS: space-separated timing variants of the default build (settings joined by ','),
 # POOL_AB_BUILDS: of builds with -D settings (joined by ','), both on the cases matching
-# POOL_AB_ONLY (default "maxpool3x3s2p1 32x"), into ab.txt.
+# POOL_AB_ONLY (default "maxpool3x3s2p1 32x"), into ab.txt. POOL_BIN / POOL_AB_BINS: prebuilt
+# checkers (below).
 # Exit status: non-zero when a build or a check failed.
 set -u
 cd "$(dirname "$0")/../../.."
@@ -19,12 +20,18 @@ mkdir -p "$O"
 BIN=/tmp/jaxdnn-poolcheck
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$O/info.txt"
 t0=$SECONDS
+# POOL_BIN=path: a checker built on the host (run.sh's nvcc line; carried) instead of this build.
+if [ -n "${POOL_BIN:-}" ]; then
+  BIN=$POOL_BIN
+  echo "prebuilt checker $BIN"
+else
 nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \
   -Xptxas -v -Xcompiler -ffp-contract=off -I ffi/include -I ffi/cuda -I tests/cuda/pool \
   tests/cuda/pool/check.cu ffi/cuda/pool_cuda.cu -o $BIN > "$O/build.txt" 2>&1 \
   || { grep -v "ptxas info" "$O/build.txt" | head -50; echo "BUILD FAILED"; exit 2; }
 echo "build $((SECONDS - t0)) s; registers/spills of the pooling kernels:"
 grep -E "spill|Used" "$O/build.txt" | sed -E 's/ptxas info *: //' | sort | uniq -c | sort -rn | head -8
+fi
 rc=0
 # POOL_CHECKS: a subset of these configurations (short calls); POOL_LEAN=1 also skips the
 # racechecks and the timings with the quads and channel tiles off.
@@ -67,12 +74,20 @@ echo "---- timings with JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=0"
 JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=0 timeout 120 $BIN --no-check bench --csv "$O/bench_chan0.csv" | grep "^BENCH" \
   | sed 's/^BENCH/CHAN0/' | tee "$O/bench_chan0.txt"
 fi
-if [ -n "${POOL_AB_ENVS:-}${POOL_AB_BUILDS:-}" ]; then
+if [ -n "${POOL_AB_ENVS:-}${POOL_AB_BUILDS:-}${POOL_AB_BINS:-}" ]; then
   echo "---- A/B timings (${POOL_AB_ONLY:=maxpool3x3s2p1 32x})" | tee "$O/ab.txt"
   for v in default ${POOL_AB_ENVS:-}; do
     e=${v//,/ }; [ "$v" = default ] && e=
     env $e POOL_BENCH_ONLY="$POOL_AB_ONLY" timeout 60 $BIN --no-check bench | grep "^BENCH" \
       | sed "s/^BENCH/$v /" | tee -a "$O/ab.txt"
+  done
+  # POOL_AB_BINS: space-separated name=path of other prebuilt checkers, timed in turn with the
+  # default build, ROUNDS times (POOL_AB_ROUNDS, default 2) so that clock drift shows.
+  for round in $(seq "${POOL_AB_ROUNDS:-2}"); do
+    for v in ${POOL_AB_BINS:+default=$BIN} ${POOL_AB_BINS:-}; do
+      POOL_BENCH_ONLY="$POOL_AB_ONLY" timeout 60 "${v#*=}" --no-check bench | grep "^BENCH" \
+        | sed "s/^BENCH/${v%%=*} r$round /" | tee -a "$O/ab.txt"
+    done
   done
   for v in ${POOL_AB_BUILDS:-}; do
     d=$(echo "$v" | tr ',' '\n' | sed 's/^/-D/' | tr '\n' ' ')
