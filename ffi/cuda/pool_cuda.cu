@@ -1649,30 +1649,13 @@ __device__ __forceinline__ int quad_divisor(const Geo& g, int d, int h, int w) {
 #ifndef JAXDNN_QUAD_MINB
 #define JAXDNN_QUAD_MINB 3
 #endif
-// With the row buffers below the gather takes 131 registers at 1 (one block per SM), 128 at 2.
 #ifndef JAXDNN_QUAD_GATHER_MINB
-#define JAXDNN_QUAD_GATHER_MINB 2
+#define JAXDNN_QUAD_GATHER_MINB 1
 #endif
-// The forward quads load window row r + 1 before they reduce row r (sweep: -DJAXDNN_QUAD_PREFETCH=0).
-// Two row buffers take the bf16 avg forward to 96 registers and the arg-max selection to 91,
-// so with them those two aim at JAXDNN_QUAD_PREFETCH_MINB blocks (at 3 they spill).
-#ifndef JAXDNN_QUAD_PREFETCH
-#define JAXDNN_QUAD_PREFETCH 1
-#endif
-#ifndef JAXDNN_QUAD_PREFETCH_MINB
-#define JAXDNN_QUAD_PREFETCH_MINB 2
-#endif
-constexpr bool kQuadPrefetch = JAXDNN_QUAD_PREFETCH;
-
-constexpr int quad_min_blocks(QuadOp op) {
-  if (op == QuadOp::kMaxGather) return JAXDNN_QUAD_GATHER_MINB;
-  if (kQuadPrefetch && (op == QuadOp::kAvgFwd || op == QuadOp::kMaxSelect))
-    return JAXDNN_QUAD_PREFETCH_MINB;
-  return JAXDNN_QUAD_MINB;
-}
 
 template <typename T, int V, QuadOp kOp, typename I>
-__global__ void __launch_bounds__(kBlock, quad_min_blocks(kOp))
+__global__ void __launch_bounds__(kBlock, kOp == QuadOp::kMaxGather ? JAXDNN_QUAD_GATHER_MINB
+                                                                     : JAXDNN_QUAD_MINB)
     quad_kernel(Geo g, Quads qd, const T* __restrict__ x, const T* __restrict__ dy,
                 T* __restrict__ out, uint8_t* __restrict__ arg, I items) {
   using A = typename AccOf<T>::type;
@@ -1710,28 +1693,41 @@ __global__ void __launch_bounds__(kBlock, quad_min_blocks(kOp))
     bool scol[5];  // columns some window reads
 #pragma unroll
     for (int s = 0; s < 5; ++s) scol[s] = (s <= 2 && vw[0]) || (s >= 2 && vw[1]);
-    auto row_used = [&](int r) { return (r <= 2 && vh[0]) || (r >= 2 && vh[1]); };
-    auto tap_in = [&](int r, int s) {
-      return r0 + r >= 0 && r0 + r < g.in[1] && s0 + s >= 0 && s0 + s < g.in[2];
-    };
-    // Row r's taps into v (and the tangents into tv). Loads only: no reduction work between
-    // them, so that they issue back to back.
-    auto load_row = [&](int r, R* v, R* tv) {
-      if (!row_used(r)) return;
-      const i64 row = (img * g.in[1] + r0 + r) * g.in[2] * C + static_cast<i64>(cv) * V;
 #pragma unroll
-      for (int s = 0; s < 5; ++s)
-        if (scol[s] && tap_in(r, s)) {
+    for (int r = 0; r < 5; ++r) {
+      if (!((r <= 2 && vh[0]) || (r >= 2 && vh[1]))) continue;
+      const int ir = r0 + r;
+      const bool rin = ir >= 0 && ir < g.in[1];
+      if (!kSelect && !rin) continue;  // the forward skips out-of-bounds taps
+      const i64 row = (img * g.in[1] + ir) * g.in[2] * C + static_cast<i64>(cv) * V;
+      R v[5], tv[kPick ? 5 : 1];
+      bool in[5];
+#pragma unroll
+      for (int s = 0; s < 5; ++s) {
+        in[s] = rin && s0 + s >= 0 && s0 + s < g.in[2];
+        if (in[s] && scol[s]) {
           v[s] = VT::load(x + row + static_cast<i64>(s0 + s) * C);
           if constexpr (kPick) tv[s] = VT::load(dy + row + static_cast<i64>(s0 + s) * C);
         }
-    };
-    // Two row buffers: with kQuadPrefetch row r + 1 loads before row r reduces, so that two
-    // rows' loads (160 bytes a thread at V = 8 bf16) are in flight instead of one.
-    R v[2][5], tv[2][kPick ? 5 : 1];
-    // Window row a's outputs. (Storing row 0's right after tap row 2 took the bf16 avg forward
-    // from 96 to 113 registers.)
-    auto store_row = [&](int a) {
+      }
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+        const int kb = r - 2 * a;
+        if (kb < 0 || kb > 2 || !vh[a]) continue;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          if (!vw[b]) continue;
+#pragma unroll
+          for (int kc = 0; kc < 3; ++kc) {
+            const int s = 2 * b + kc;
+            if (in[s]) st[a][b].add(v[s], kb * 3 + kc, kPick ? &tv[kPick ? s : 0] : nullptr);
+            else if constexpr (kSelect) st[a][b].padding();
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         if (!vh[a] || !vw[b]) continue;
@@ -1760,34 +1756,6 @@ __global__ void __launch_bounds__(kBlock, quad_min_blocks(kOp))
           VT::store(out + y_off(a, b), acc);
         }
       }
-    };
-    load_row(0, v[0], tv[0]);
-#pragma unroll
-    for (int r = 0; r < 5; ++r) {
-      if (r > 0 && !kQuadPrefetch) load_row(r, v[r & 1], tv[r & 1]);
-      if (r < 4 && kQuadPrefetch) load_row(r + 1, v[(r + 1) & 1], tv[(r + 1) & 1]);
-      // The forward skips out-of-bounds taps (rows too); the selection takes them as padding.
-      if (row_used(r) && (kSelect || (r0 + r >= 0 && r0 + r < g.in[1]))) {
-#pragma unroll
-        for (int a = 0; a < 2; ++a) {
-          const int kb = r - 2 * a;
-          if (kb < 0 || kb > 2 || !vh[a]) continue;
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            if (!vw[b]) continue;
-#pragma unroll
-            for (int kc = 0; kc < 3; ++kc) {
-              const int s = 2 * b + kc;
-              if (tap_in(r, s))
-                st[a][b].add(v[r & 1][s], kb * 3 + kc, kPick ? &tv[r & 1][kPick ? s : 0] : nullptr);
-              else if constexpr (kSelect) st[a][b].padding();
-            }
-          }
-        }
-      }
-    }
-    store_row(0);
-    store_row(1);
   } else {
     // The cell: dy (and arg-max taps, or 1 / divisor) of the quad's windows, then input
     // (r0 + 1 + j, s0 + 1 + j'), tap (1 + j - 2a, 1 + j' - 2b) of window (c0 + a, c1 + b),
@@ -1796,8 +1764,6 @@ __global__ void __launch_bounds__(kBlock, quad_min_blocks(kOp))
     uint32_t taps[2][2][kMax ? AV::kAllWords : 1];
     A inv[2][2];
     const A uniform_inv = kMax || !g.uniform_div ? A(0) : A(1) / static_cast<A>(g.uniform_div);
-    // The loads first, on their own: with the divisors between them each load waited for the
-    // one before (one BSSY region per window in the SASS).
 #pragma unroll
     for (int a = 0; a < 2; ++a)
 #pragma unroll
@@ -1805,16 +1771,9 @@ __global__ void __launch_bounds__(kBlock, quad_min_blocks(kOp))
         if (!vh[a] || !vw[b]) continue;
         d[a][b] = VT::load(dy + y_off(a, b));
         if constexpr (kMax) AV::load_words(arg + y_off(a, b), taps[a][b]);
+        else inv[a][b] = g.uniform_div ? uniform_inv
+                                       : A(1) / static_cast<A>(quad_divisor(g, q[0], c0 + a, c1 + b));
       }
-    if constexpr (!kMax) {
-#pragma unroll
-      for (int a = 0; a < 2; ++a)
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-          inv[a][b] = g.uniform_div || !vh[a] || !vw[b]
-                          ? uniform_inv
-                          : A(1) / static_cast<A>(quad_divisor(g, q[0], c0 + a, c1 + b));
-    }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int ih = r0 + 1 + j;
