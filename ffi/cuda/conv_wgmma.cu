@@ -1151,12 +1151,14 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
                            : nullptr;
   p.ksplit = plan.ksplit;
   // Biases into the accumulators, except under split-K (its reduce adds them once) and with a
-  // residual. H100, bf16, kernel-only, against the plain kernel (session 21): bias + relu
-  // r50_c2_1x1_dn 1.17x -> 1.08x, r50_c2_1x1_up 1.22x -> 1.15x, r50_c2_3x3 1.08x -> 1.06x; with a
-  // residual too, r50_c2_1x1_up 1.55x -> 1.79x, r50_c5_1x1 1.32x -> 1.44x, r50_c4_1x1 1.08x ->
-  // 1.20x. My reading, not measured: acc_from_bias waits for its loads one at a time (sm_90a
-  // SASS: a branch around each load and its unpack), and there they queue behind the residual
-  // tile's copy into shared memory. So a residual keeps the biases in the epilogue.
+  // residual. H100, bf16, kernel-only, bias + relu against the plain kernel, epilogue ->
+  // accumulators with every bias load issued first (session 22): r50_c2_1x1_up 1.22x -> 1.02x,
+  // r50_c2_1x1_dn 1.18x -> 1.02x, r50_c5_1x1 1.08x -> 1.02x, r50_c2_3x3 1.07x -> 1.04x, vgg_c3_2
+  // 1.19x -> 1.12x (session 21's loads, one at a time: 1.15x, 1.08x, 1.11x, 1.06x, 1.14x). With a
+  // residual the accumulators gained nothing overall (JAXDNN_WGMMA_BIAS_ACC=2 against two runs of
+  // the epilogue: r50_c2_1x1_up 1.59x / 1.54-1.55x, r50_c5_1x1 1.30x / 1.33x, inc_5x5 1.10x /
+  // 1.04-1.05x, the other 7 layers inside the two runs' spread or 0.03x of it), so a residual
+  // keeps the biases in the epilogue.
   // JAXDNN_WGMMA_BIAS_ACC=0: always the epilogue; =2: the accumulators with a residual too
   // (comparisons).
   const char* bias_acc_env = std::getenv("JAXDNN_WGMMA_BIAS_ACC");
