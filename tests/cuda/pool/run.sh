@@ -75,8 +75,12 @@ JAXDNN_POOL_QUAD=0 JAXDNN_POOL_CHAN=0 timeout 120 $BIN --no-check bench --csv "$
   | sed 's/^BENCH/CHAN0/' | tee "$O/bench_chan0.txt"
 fi
 if [ -n "${POOL_AB_ENVS:-}${POOL_AB_BUILDS:-}${POOL_AB_BINS:-}" ]; then
-  echo "---- A/B timings (${POOL_AB_ONLY:=maxpool3x3s2p1 32x})" | tee "$O/ab.txt"
-  for v in default ${POOL_AB_ENVS:-}; do
+  POOL_AB_ONLY=${POOL_AB_ONLY:-maxpool3x3s2p1 32x}  # not := inside the pipe below: a subshell
+  echo "---- A/B timings ($POOL_AB_ONLY)" | tee "$O/ab.txt"
+  # the default and each POOL_AB_ENVS variant (the prebuilt rounds below time the default
+  # themselves, so with POOL_AB_BINS alone this loop does not run)
+  plain=; [ -n "${POOL_AB_ENVS:-}${POOL_AB_BUILDS:-}" ] && plain=default
+  for v in $plain ${POOL_AB_ENVS:-}; do
     e=${v//,/ }; [ "$v" = default ] && e=
     env $e POOL_BENCH_ONLY="$POOL_AB_ONLY" timeout 60 $BIN --no-check bench | grep "^BENCH" \
       | sed "s/^BENCH/$v /" | tee -a "$O/ab.txt"
