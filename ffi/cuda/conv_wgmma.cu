@@ -234,6 +234,17 @@ __device__ __forceinline__ void acc_from_bias(float (&acc)[MB][BN / 2], const vo
   }
 }
 
+// The epilogue left for the C tile once the biases are in the accumulators (bias_acc) and a relu
+// in the 16-bit stores (relu16; out32: fp32 output); .on: anything left at all. The kernel applies
+// it; the launch stages the persistent walk's every tile through a C tile of its own exactly when
+// it is on.
+__host__ __device__ inline EpiDev epi_left(EpiDev e, bool bias_acc, bool out32) {
+  if (bias_acc) e.bias = nullptr;
+  epi_take_relu_to_store(e, !out32);
+  e.on = e.on && (e.bias || e.residual || e.preact || e.act != static_cast<int>(Activation::kIdentity));
+  return e;
+}
+
 template <int IN, int BM, int BN>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgParams p) {
 #ifdef JAXDNN_HAS_WGMMA
@@ -460,14 +471,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
     const int col = n_base + ec * 8;
     if (col >= p.Kg) continue;  // Kg % 8 == 0: a chunk lies inside the row or past its end
     const long long off0 = static_cast<long long>(g) * p.Kg + col;  // + m * K: row m's offset
-    // The epilogue left: the biases are in the accumulators (bias_acc), a relu in the stores
-    // (relu16); epi.on: anything left at all. Built here, not before the tile loop, so that its
-    // fields stay in the parameter space instead of registers across the K loop.
-    EpiDev epi = p.epi;
-    if (p.bias_acc) epi.bias = nullptr;
-    epi_take_relu_to_store(epi, !out32);
-    epi.on = epi.on && (epi.bias || epi.residual || epi.preact ||
-                        epi.act != static_cast<int>(Activation::kIdentity));
+    // Built here, not before the tile loop, so that its fields stay in the parameter space
+    // instead of registers across the K loop.
+    const EpiDev epi = epi_left(p.epi, p.bias_acc != 0, out32);
     const unsigned char* es = smem + p.epi_smem;  // the tile's residuals (epi_smem)
     // this thread's 8 columns are the same on every row it stores: their biases (none unless
     // bias_acc is off: JAXDNN_WGMMA_BIAS_ACC=0) load once
@@ -815,15 +821,6 @@ std::string allow_smem(Kern kern, int bytes, std::atomic<unsigned long long>& do
   return "";
 }
 
-// Whether the persistent walk must stage every tile through a C tile of its own: an epilogue
-// beyond biases in the accumulators (bias_acc) and a relu in the 16-bit stores.
-bool walk_stages_tiles(const EpiDev& e, bool bias_acc, bool out32) {
-  if (!e.on) return false;
-  const bool relu16 = !out32 && e.act == static_cast<int>(Activation::kRelu);
-  return (e.bias && !bias_acc) || e.residual || e.preact ||
-         (e.act != static_cast<int>(Activation::kIdentity) && !relu16);
-}
-
 template <int IN, int BM, int BN>
 std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStream_t st) {
   using Cf = WgCfg<BM, BN>;
@@ -856,7 +853,7 @@ std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStre
   // plain walk on r50_c2_1x1_dn, session 16). Staging the plain walk's tiles too gained nothing
   // (r50_c2_1x1_dn 0.0315 / 0.0314 ms, H100, session 19), so those keep the register stores, and
   // so does an epilogue of biases in the accumulators and a relu in the 16-bit stores.
-  const bool c_own = persistent && walk_stages_tiles(p.epi, p.bias_acc != 0, p.out != 0 || IN == kInTF32);
+  const bool c_own = persistent && epi_left(p.epi, p.bias_acc != 0, p.out != 0 || IN == kInTF32).on;
   p.pipe_bytes = persistent ? Cf::PIPE + (c_own ? Cf::C_BYTES : 0)
                             : std::max(std::min(steps, Cf::ST) * Cf::STAGE, Cf::C_BYTES);
   p.pipe_bytes = (p.pipe_bytes + 1023) & ~1023;  // stages stay 1024-byte aligned (swizzle)

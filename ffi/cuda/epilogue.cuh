@@ -339,7 +339,7 @@ __device__ __forceinline__ uint32_t pack2_16(float lo, float hi, bool f16, bool 
   return d;
 }
 // true (and e's activation becomes the identity) when e's relu can go to a 16-bit store.
-__device__ __forceinline__ bool epi_take_relu_to_store(EpiDev& e, bool out16) {
+__host__ __device__ __forceinline__ bool epi_take_relu_to_store(EpiDev& e, bool out16) {
   if (!e.on || !out16 || e.act != static_cast<int>(Activation::kRelu)) return false;
   e.act = static_cast<int>(Activation::kIdentity);
   return true;
