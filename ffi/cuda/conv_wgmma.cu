@@ -245,48 +245,38 @@ __host__ __device__ inline EpiDev epi_left(EpiDev e, bool bias_acc, bool out32) 
   return e;
 }
 
-template <int IN, int BM, int BN>
-__global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgParams p) {
-#ifdef JAXDNN_HAS_WGMMA
-  using Cf = WgCfg<BM, BN>;
-  using E = typename WgType<IN>::E;
-  constexpr int BK = WgType<IN>::BK;
-  constexpr int VEC = 16 / sizeof(E);  // values per 16-byte cp.async chunk
-  constexpr bool kF16 = IN == kInF16;
-  const bool out32 = IN == kInTF32 || p.out;
-  const E* x = static_cast<const E*>(p.x);
-  const E* wt = static_cast<const E*>(p.wt);
-  constexpr int ST = Cf::ST;
-  constexpr int RA = BM / 16, RB = BN / 16;  // tile rows per thread (16 rows per pass)
-  extern __shared__ __align__(1024) unsigned char smem[];
-  int4* tbl = reinterpret_cast<int4*>(smem + p.pipe_bytes);
-
-  const int tid = threadIdx.x;
-  const int g = blockIdx.z;
-  const int tiles = p.tilesM * p.tilesN;
-  const int kt0 = p.part ? blockIdx.y * p.ksplit : 0;  // this split's first K step
-  const int nk = p.part ? min(p.ksplit, p.Kred / BK - kt0) : p.Kred / BK;  // >= 1 (host)
-
-  // tap j -> (d, h, w) displacement and its element offset in an image
-  for (int j = tid; j < p.ntap; j += kThreads) {
-    const int t = j / (p.R * p.S), rs = j - t * (p.R * p.S);
+// Builds the tap table in shared memory: tap j -> (d, h, w) displacement and its element offset
+// in an image. t, nt: this thread's index and the threads taking part.
+__device__ __forceinline__ void fill_tap_table(const WgParams& p, int4* tbl, int t, int nt) {
+  for (int j = t; j < p.ntap; j += nt) {
+    const int tz = j / (p.R * p.S), rs = j - tz * (p.R * p.S);
     const int r = rs / p.S, s = rs - r * p.S;
-    const int dz = t * p.dil[0], dh = r * p.dil[1], dw = s * p.dil[2];
+    const int dz = tz * p.dil[0], dh = r * p.dil[1], dw = s * p.dil[2];
     tbl[j] = make_int4(dz, dh, dw, ((dz * p.H + dh) * p.W + dw) * p.C);
   }
+}
 
-  // Loader: thread = 16-byte chunk column cc of rows r0, r0 + 16, ...; every row it touches has
-  // the same r % 8, so its swizzled chunk offset is one constant. Its state follows the tile it is
-  // loading (ld_tile, K step ld_kt), which runs ahead of the tile being multiplied.
-  const int cc = tid & 7, r0 = tid >> 3;
-  const int swz = (cc ^ (r0 & 7)) * 16;
-  const long long img = static_cast<long long>(p.D) * p.H * p.W * p.C;
+// The operand loader of one warpgroup (128 threads): thread t = 16-byte chunk column cc of tile
+// rows r0, r0 + 16, ...; every row it touches has the same r % 8, so its swizzled chunk offset is
+// one constant. setup() takes a tile's rows (the A rows' image positions, the B rows' filter
+// offsets); load() fills one stage (A [BM][128 B], then B [BN][128 B]) with a K step's cp.asyncs,
+// zeros outside the image.
+template <int IN, int BM, int BN>
+struct TileLoader {
+  using E = typename WgType<IN>::E;
+  static constexpr int BK = WgType<IN>::BK, VEC = 16 / sizeof(E);
+  static constexpr int RA = BM / 16, RB = BN / 16;  // tile rows per thread (16 rows per pass)
+  int cc, r0, swz;
   long long a_off[RA];
   int a_z[RA], a_h[RA], a_w[RA];
   long long b_off[RB];
   bool b_ok[RB];
-  auto setup_rows = [&](int tile) {
+
+  __device__ __forceinline__ explicit TileLoader(int t) : cc(t & 7), r0(t >> 3), swz(((t & 7) ^ ((t >> 3) & 7)) * 16) {}
+
+  __device__ __forceinline__ void setup(const WgParams& p, int g, int tile) {
     const int m_base = (tile / p.tilesN) * BM, n_base = (tile % p.tilesN) * BN;
+    const long long img = static_cast<long long>(p.D) * p.H * p.W * p.C;
 #pragma unroll
     for (int i = 0; i < RA; ++i) {
       const int m = m_base + r0 + 16 * i;
@@ -314,15 +304,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       b_ok[i] = n < p.Kg;
       b_off[i] = (static_cast<long long>(g) * p.Kg + n) * p.Kred + cc * VEC;
     }
-  };
-  int ld_tile = blockIdx.x, ld_kt = 0;
-  if (ld_tile < tiles) setup_rows(ld_tile);
-  __syncthreads();  // tap table
+  }
 
-  auto load = [&](int kt, int s) {
-    unsigned char* As = smem + s * Cf::STAGE;
-    unsigned char* Bs = As + Cf::A_BYTES;
-    const int k0 = (kt0 + kt) * BK;
+  // K step ks (absolute: K values ks*BK ..) into the stage at As (B at As + BM * 128).
+  __device__ __forceinline__ void load(const WgParams& p, const int4* tbl, int ks, unsigned char* As) const {
+    const E* x = static_cast<const E*>(p.x);
+    const E* wt = static_cast<const E*>(p.wt);
+    unsigned char* Bs = As + BM * 128;
+    const int k0 = ks * BK;
     const int j = k0 / p.Cg, c0 = k0 - j * p.Cg;
     const int4 e = tbl[j];
 #pragma unroll
@@ -335,15 +324,140 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 #pragma unroll
     for (int i = 0; i < RB; ++i)
       cp_async16(Bs + (r0 + 16 * i) * 128 + swz, wt + (b_ok[i] ? b_off[i] + k0 : 0), b_ok[i]);
-  };
+  }
+};
+
+// A warpgroup's MB blocks of m64 x BN accumulators into rows 0.. of an fp32 C tile of pitch LDC
+// (accumulator layout: see store_acc_f32).
+// FROM, COUNT: the 64-row blocks taken (block FROM goes to row 0).
+template <int MB, int BN, int LDC, int FROM = 0, int COUNT = MB>
+__device__ __forceinline__ void acc_to_smem(const float (&acc)[MB][BN / 2], float* Cs) {
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int mb = FROM; mb < FROM + COUNT; ++mb) {
+    const int row = (mb - FROM) * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = j * 8 + (lane & 3) * 2;
+      *reinterpret_cast<float2*>(Cs + row * LDC + col) = make_float2(acc[mb][j * 4], acc[mb][j * 4 + 1]);
+      *reinterpret_cast<float2*>(Cs + (row + 8) * LDC + col) =
+          make_float2(acc[mb][j * 4 + 2], acc[mb][j * 4 + 3]);
+    }
+  }
+}
+
+// The staged epilogue of one warpgroup (t: its thread index, 0..127): rows 0..ROWS-1 of the fp32
+// C tile Cs (pitch BN + 8) are output rows m_base.., columns n_base.. of group g; p.epi's part
+// left after bias_acc and relu16 (epi_left) applied, then 16-byte stores. es: the tile's 16-bit
+// residuals in shared memory ([ROWS][BN], one tile per CTA: WgParams::epi_smem), or nullptr.
+template <int IN, int ROWS, int BN>
+__device__ __forceinline__ void store_staged(const WgParams& p, const float* Cs, const unsigned char* es,
+                                             int m_base, int n_base, int g, int t) {
+  constexpr bool kF16 = IN == kInF16;
+  const bool out32 = IN == kInTF32 || p.out;
+  const bool relu16 = p.epi.on && !out32 && p.epi.act == static_cast<int>(Activation::kRelu);
+  constexpr int LDC = BN + 8;
+  constexpr int CPR = BN / 8, RPP = kThreads / CPR;  // 8-column chunks per row, rows per pass
+  const int ec = t % CPR, er = t / CPR;
+  const int col = n_base + ec * 8;
+  if (col >= p.Kg) return;  // Kg % 8 == 0: a chunk lies inside the row or past its end
+  const long long off0 = static_cast<long long>(g) * p.Kg + col;  // + m * K: row m's offset
+  // Built here, not before the tile loop, so that its fields stay in the parameter space
+  // instead of registers across the K loop.
+  const EpiDev epi = epi_left(p.epi, p.bias_acc != 0, out32);
+  // this thread's 8 columns are the same on every row it stores: their biases (none unless
+  // bias_acc is off: JAXDNN_WGMMA_BIAS_ACC=0) load once
+  float bias[8];
+  if (epi.on) epi_bias_run<8>(epi, off0, 8, bias);
+  // 16-bit residuals, 16 bytes per row: from the tile in shared memory (es), else kR rows'
+  // loads go out before the first of their stores (one row at a time, each load waited a DRAM
+  // latency behind the previous row's store). The compiler schedules these read-only loads
+  // early, next to the live accumulators: all 16 rows, or 4 in the 128 x 128 kernel, made it
+  // spill (ptxas, sm_90a).
+  constexpr int kRows = (ROWS + RPP - 1) / RPP, kR = ROWS * BN >= 128 * 128 ? 2 : 4;
+  const bool res16 = epi.on && epi.residual && !out32;
+#pragma unroll 1
+  for (int i0 = 0; i0 < kRows; i0 += kR) {
+    uint4 res_raw[kR];
+    if (res16) {
+#pragma unroll
+      for (int i = 0; i < kR; ++i) {
+        // Clamped rows (rows past the tile or M load a row that is there and go unused), so
+        // that no branch separates the loads.
+        const int r = min(er + (i0 + i) * RPP, ROWS - 1), m = min(m_base + r, p.M - 1);
+        res_raw[i] = es ? reinterpret_cast<const uint4*>(es + r * BN * 2)[ec]
+                        : epi_raw16_load<8>(epi.residual, static_cast<long long>(m) * p.K + off0);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kR; ++i) {
+      const int r = er + (i0 + i) * RPP, m = m_base + r;
+      if (r >= ROWS || m >= p.M) break;
+      const float* src = Cs + r * LDC + ec * 8;
+      float4 lo = *reinterpret_cast<const float4*>(src);
+      float4 hi = *reinterpret_cast<const float4*>(src + 4);
+      const long long off = static_cast<long long>(m) * p.K + off0;
+      if (epi.on) {
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        if (res16) {
+          float res[8];
+          epi_raw16_unpack<8>(epi, res_raw[i], res);
+          epi_apply_run_loaded<8>(epi, off, bias, res, v);
+        } else {
+          epi_apply_run<8>(epi, off, bias, v);
+        }
+        lo = make_float4(v[0], v[1], v[2], v[3]);
+        hi = make_float4(v[4], v[5], v[6], v[7]);
+      }
+      if (out32) {
+        float4* d = reinterpret_cast<float4*>(static_cast<float*>(p.y) + off);
+        d[0] = lo;
+        d[1] = hi;
+      } else {
+        uint4 pk;
+        pk.x = pack2_16(lo.x, lo.y, kF16, relu16);
+        pk.y = pack2_16(lo.z, lo.w, kF16, relu16);
+        pk.z = pack2_16(hi.x, hi.y, kF16, relu16);
+        pk.w = pack2_16(hi.z, hi.w, kF16, relu16);
+        *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.y) + off) = pk;
+      }
+    }
+  }
+}
+
+template <int IN, int BM, int BN>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgParams p) {
+#ifdef JAXDNN_HAS_WGMMA
+  using Cf = WgCfg<BM, BN>;
+  constexpr int BK = WgType<IN>::BK;
+  constexpr bool kF16 = IN == kInF16;
+  const bool out32 = IN == kInTF32 || p.out;
+  constexpr int ST = Cf::ST;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  int4* tbl = reinterpret_cast<int4*>(smem + p.pipe_bytes);
+
+  const int tid = threadIdx.x;
+  const int g = blockIdx.z;
+  const int tiles = p.tilesM * p.tilesN;
+  const int kt0 = p.part ? blockIdx.y * p.ksplit : 0;  // this split's first K step
+  const int nk = p.part ? min(p.ksplit, p.Kred / BK - kt0) : p.Kred / BK;  // >= 1 (host)
+
+  fill_tap_table(p, tbl, tid, kThreads);
+  // The loader's state follows the tile it is loading (ld_tile, K step ld_kt), which runs ahead
+  // of the tile being multiplied.
+  TileLoader<IN, BM, BN> ld(tid);
+  int ld_tile = blockIdx.x, ld_kt = 0;
+  if (ld_tile < tiles) ld.setup(p, g, ld_tile);
+  __syncthreads();  // tap table
+
   // The loader's next K step into stage s (an empty group once every tile is loaded).
   auto load_next = [&](int s) {
     if (ld_tile < tiles) {
-      load(ld_kt, s);
+      ld.load(p, tbl, kt0 + ld_kt, smem + s * Cf::STAGE);
       if (++ld_kt == nk) {
         ld_kt = 0;
         ld_tile += gridDim.x;
-        if (ld_tile < tiles) setup_rows(ld_tile);
+        if (ld_tile < tiles) ld.setup(p, g, ld_tile);
       }
     }
     cp_async_commit();
@@ -452,87 +566,148 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
       __syncthreads();  // the pipeline buffers become the C tile
     }
     float* Cs = reinterpret_cast<float*>(smem + p.c_smem);
-    constexpr int LDC = Cf::LDC;
-#pragma unroll
-    for (int mb = 0; mb < BM / 64; ++mb) {
-      const int row = mb * 64 + warp * 16 + (lane >> 2);
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = j * 8 + (lane & 3) * 2;
-        *reinterpret_cast<float2*>(Cs + row * LDC + col) =
-            make_float2(acc[mb][j * 4], acc[mb][j * 4 + 1]);
-        *reinterpret_cast<float2*>(Cs + (row + 8) * LDC + col) =
-            make_float2(acc[mb][j * 4 + 2], acc[mb][j * 4 + 3]);
-      }
-    }
+    acc_to_smem<BM / 64, BN, Cf::LDC>(acc, Cs);
     __syncthreads();
-    constexpr int CPR = BN / 8, RPP = kThreads / CPR;  // 8-column chunks per row, rows per pass
-    const int ec = tid % CPR, er = tid / CPR;
-    const int col = n_base + ec * 8;
-    if (col >= p.Kg) continue;  // Kg % 8 == 0: a chunk lies inside the row or past its end
-    const long long off0 = static_cast<long long>(g) * p.Kg + col;  // + m * K: row m's offset
-    // Built here, not before the tile loop, so that its fields stay in the parameter space
-    // instead of registers across the K loop.
-    const EpiDev epi = epi_left(p.epi, p.bias_acc != 0, out32);
-    const unsigned char* es = smem + p.epi_smem;  // the tile's residuals (epi_smem)
-    // this thread's 8 columns are the same on every row it stores: their biases (none unless
-    // bias_acc is off: JAXDNN_WGMMA_BIAS_ACC=0) load once
-    float bias[8];
-    if (epi.on) epi_bias_run<8>(epi, off0, 8, bias);
-    // 16-bit residuals, 16 bytes per row: from the tile in shared memory (epi_smem), else kR
-    // rows' loads go out before the first of their stores (one row at a time, each load waited a
-    // DRAM latency behind the previous row's store). The compiler schedules these read-only
-    // loads early, next to the live accumulators: all 16 rows, or 4 in the 128 x 128 kernel,
-    // made it spill (ptxas, sm_90a).
-    constexpr int kRows = (BM + RPP - 1) / RPP, kR = BM * BN >= 128 * 128 ? 2 : 4;
-    const bool res16 = epi.on && epi.residual && !out32;
-#pragma unroll 1
-    for (int i0 = 0; i0 < kRows; i0 += kR) {
-      uint4 res_raw[kR];
-      if (res16) {
-#pragma unroll
-        for (int i = 0; i < kR; ++i) {
-          // Clamped rows (rows past the tile or M load a row that is there and go unused), so
-          // that no branch separates the loads.
-          const int r = min(er + (i0 + i) * RPP, BM - 1), m = min(m_base + r, p.M - 1);
-          res_raw[i] = epi_smem ? reinterpret_cast<const uint4*>(es + r * BN * 2)[ec]
-                                : epi_raw16_load<8>(epi.residual, static_cast<long long>(m) * p.K + off0);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kR; ++i) {
-        const int r = er + (i0 + i) * RPP, m = m_base + r;
-        if (r >= BM || m >= p.M) break;
-        const float* src = Cs + r * LDC + ec * 8;
-        float4 lo = *reinterpret_cast<const float4*>(src);
-        float4 hi = *reinterpret_cast<const float4*>(src + 4);
-        const long long off = static_cast<long long>(m) * p.K + off0;
-        if (epi.on) {
-          float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-          if (res16) {
-            float res[8];
-            epi_raw16_unpack<8>(epi, res_raw[i], res);
-            epi_apply_run_loaded<8>(epi, off, bias, res, v);
-          } else {
-            epi_apply_run<8>(epi, off, bias, v);
-          }
-          lo = make_float4(v[0], v[1], v[2], v[3]);
-          hi = make_float4(v[4], v[5], v[6], v[7]);
-        }
-        if (out32) {
-          float4* d = reinterpret_cast<float4*>(static_cast<float*>(p.y) + off);
-          d[0] = lo;
-          d[1] = hi;
-        } else {
-          uint4 pk;
-          pk.x = pack2_16(lo.x, lo.y, kF16, relu16);
-          pk.y = pack2_16(lo.z, lo.w, kF16, relu16);
-          pk.z = pack2_16(hi.x, hi.y, kF16, relu16);
-          pk.w = pack2_16(hi.z, hi.w, kF16, relu16);
-          *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.y) + off) = pk;
+    store_staged<IN, BM, BN>(p, Cs, epi_smem ? smem + p.epi_smem : nullptr, m_base, n_base, g, tid);
+  }
+#endif
+}
+
+// Warp-specialized forward (WS; the same GEMM view, loader, wgmmas and staged epilogue as
+// wgmma_conv_fwd_kernel). The single-warpgroup kernel issues its cp.asyncs and waits for them
+// between its own MMAs, and holds the loader's state beside 128 accumulators (246 registers at
+// 128 x 128: 2 CTAs, 8 warps per SM). Here a CTA is three warpgroups: warpgroup 0 only loads
+// (TileLoader, registers cut to kWsProducerRegs), warpgroups 1 and 2 only multiply and store
+// (registers raised to kWsConsumerRegs). The CTA walks tiles blockIdx.x, += gridDim.x (grid: one
+// CTA per SM and group); its i-th tile belongs to consumer i % 2, so one consumer's epilogue runs
+// while the other's K loop does, and the producer runs up to ST K steps ahead of both, across
+// tiles. Handshakes per stage s (mbarriers): full[s] completes when all 128 producer threads have
+// seen their cp.asyncs of the stage land (cp.async.wait_group, then a proxy fence: the wgmmas
+// read through the async proxy) and arrived; empty[s] when the consuming warpgroup's 4 warps have
+// waited for their wgmmas on it. The producer signals a K step LAG = ST - 2 steps after issuing
+// it, and a consumer releases a stage one step late (wgmma.wait_group 1): with LAG = ST - 1 the
+// producer, waiting for stage s to empty, would wait on a consumer that waits on a stage the
+// producer has not signalled yet. A consumer's tile is 128 x BN (two m64 blocks); its epilogue
+// stages one 64-row half at a time through a C tile of its own (store_staged). No split-K.
+// Registers: a CTA of 384 threads starts at 168 each (65536 / 384, rounded down to a multiple of
+// 8); setmaxnreg moves them between warpgroups within that total. At a producer's 56 its loader
+// state (up to 8 A rows and 8 B rows) spilled (ptxas); at 88 / 208 nothing spills.
+constexpr int kWsThreads = 384, kWsProducerRegs = 88, kWsConsumerRegs = 208;
+static_assert(kWsProducerRegs * 128 + 2 * kWsConsumerRegs * 128 <= 168 * kWsThreads, "setmaxnreg budget");
+
+template <int BN>
+struct WsCfg {
+  static constexpr int BM = 128;  // a consumer tile's rows
+  static constexpr int STAGE = BM * 128 + BN * 128;
+  static constexpr int ST = BN == 128 ? 4 : 6;  // stages: about 128-144 KB
+  static constexpr int LAG = ST - 2;
+  static constexpr int PIPE = ST * STAGE;
+  static constexpr int LDC = BN + 8;
+  static constexpr int C_BYTES = 64 * LDC * 4;  // a consumer's C tile: one 64-row half
+  static constexpr int BARS = PIPE + 2 * C_BYTES;  // full[ST], then empty[ST]
+  static constexpr int TBL = BARS + ((2 * ST * 8 + 15) & ~15);  // the tap table
+};
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int IN, int BN>
+__global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const WgParams p) {
+#ifdef JAXDNN_HAS_WGMMA
+  using Cf = WsCfg<BN>;
+  constexpr int BK = WgType<IN>::BK, ST = Cf::ST, BM = Cf::BM, LAG = Cf::LAG;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cf::BARS);
+  uint64_t* empty = full + ST;
+  int4* tbl = reinterpret_cast<int4*>(smem + Cf::TBL);
+  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+  const int g = blockIdx.z;
+  const int tiles = p.tilesM * p.tilesN;
+  const int nk = p.Kred / BK;
+
+  fill_tap_table(p, tbl, tid, kWsThreads);
+  if (tid == 0) {
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(&full[s], 128);
+      mbar_init(&empty[s], 4);
+    }
+  }
+  __syncthreads();  // tap table and barriers
+
+  if (wg == 0) {  // the producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsProducerRegs));
+    TileLoader<IN, BM, BN> ld(t);
+    int step = 0;  // K steps issued by this CTA: stage step % ST, its (step / ST)-th use
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      ld.setup(p, g, tile);
+      for (int kt = 0; kt < nk; ++kt, ++step) {
+        const int s = step % ST;
+        if (step >= ST) mbar_wait(&empty[s], (step / ST - 1) & 1);
+        ld.load(p, tbl, kt, smem + s * Cf::STAGE);
+        cp_async_commit();
+        if (step >= LAG) {  // step - LAG has landed
+          cp_async_wait<LAG>();
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          mbar_arrive(&full[(step - LAG) % ST]);
         }
       }
     }
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    for (int j = max(0, step - LAG); j < step; ++j) mbar_arrive(&full[j % ST]);
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsConsumerRegs));
+  const int c = wg - 1, lane = tid & 31;
+  float* Cs = reinterpret_cast<float*>(smem + Cf::PIPE + c * Cf::C_BYTES);
+  float acc[2][BN / 2];
+  int i = 0;  // the CTA's tile count: tile i is K steps i * nk ..
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++i) {
+    if ((i & 1) != c) continue;
+    const int m_base = (tile / p.tilesN) * BM, n_base = (tile % p.tilesN) * BN;
+    // Zeros: biases in the accumulators (acc_from_bias) made ptxas serialize the wgmmas here (C7515:
+    // "non wgmma instructions defining accumulator registers"), with one step's wgmmas in flight
+    // across the K loop; the biases are added in the staged epilogue instead (launch_ws), which
+    // runs beside the other consumer's K loop.
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+      for (int j = 0; j < BN / 2; ++j) acc[mb][j] = 0.f;
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb) fence_acc(acc[mb]);
+    const int step0 = i * nk;
+    for (int kt = 0; kt < nk; ++kt) {
+      const int step = step0 + kt, s = step % ST;
+      mbar_wait(&full[s], (step / ST) & 1);
+      const uint32_t sa = smem_u32(smem + s * Cf::STAGE);
+      const uint32_t sb = sa + BM * 128;
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < kRowBytes / 32; ++kk) {
+        const uint64_t db = sw128_desc(sb + kk * 32);
+#pragma unroll
+        for (int mb = 0; mb < 2; ++mb) wg_mma<IN, BN>(acc[mb], sw128_desc(sa + mb * 64 * 128 + kk * 32), db);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      // the previous step's wgmmas are done with their stage (at kt = 0: nothing to wait for)
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      if (kt > 0 && lane == 0) mbar_arrive(&empty[(step - 1) % ST]);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb) fence_acc(acc[mb]);
+    if (lane == 0) mbar_arrive(&empty[(step0 + nk - 1) % ST]);
+
+    named_sync(1 + c, 128);  // the previous half's (or tile's) readers are done with Cs
+    acc_to_smem<2, BN, Cf::LDC, 0, 1>(acc, Cs);
+    named_sync(1 + c, 128);
+    store_staged<IN, 64, BN>(p, Cs, nullptr, m_base, n_base, g, t);
+    named_sync(1 + c, 128);
+    acc_to_smem<2, BN, Cf::LDC, 1, 1>(acc, Cs);
+    named_sync(1 + c, 128);
+    store_staged<IN, 64, BN>(p, Cs, nullptr, m_base + 64, n_base, g, t);
   }
 #endif
 }
@@ -887,6 +1062,30 @@ std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStre
   return e == cudaSuccess ? "" : std::string("wgmma conv kernel launch: ") + cudaGetErrorString(e);
 }
 
+// The warp-specialized forward: tiles of 128 x BN, a persistent grid of one CTA per SM (and group).
+template <int IN, int BN>
+std::string launch_ws(WgParams p, int groups, cudaStream_t st) {
+  using Cf = WsCfg<BN>;
+  auto kern = wgmma_conv_fwd_ws_kernel<IN, BN>;
+  static std::atomic<unsigned long long> attr_done{0};
+  int dev = 0, sms = 0;
+  if (std::string err = allow_smem(kern, Cf::TBL + kMaxTaps * 16, attr_done, &dev); !err.empty()) return err;
+  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e);
+  p.tilesM = (p.M + Cf::BM - 1) / Cf::BM;
+  p.tilesN = (p.Kg + BN - 1) / BN;
+  p.part = nullptr;
+  p.pipe_bytes = Cf::TBL;
+  p.c_smem = p.epi_smem = 0;
+  p.bias_acc = 0;  // see the kernel
+  const long long tiles = static_cast<long long>(p.tilesM) * p.tilesN;
+  const long long ctas = std::min(tiles, std::max(1LL, static_cast<long long>(sms) / groups));
+  dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(groups));
+  kern<<<grid, kWsThreads, Cf::TBL + p.ntap * 16, st>>>(p);
+  e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("wgmma warp-specialized conv kernel launch: ") + cudaGetErrorString(e);
+}
+
 // The forward problem that backward-data at stride 1 is: dy is its input, dx its output.
 ConvProblem dgrad_as_forward(const ConvProblem& pb) {
   ConvProblem v = pb;
@@ -1181,8 +1380,17 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   if (const char* f = std::getenv("JAXDNN_WGMMA_PERSISTENT"); f && (f[0] == '0' || f[0] == '1'))
     persistent = f[0] == '1';
   persistent = persistent && plan.splits == 1;
+  // The warp-specialized kernel (16-bit inputs, no split-K): JAXDNN_WGMMA_WS=1 (testing and
+  // comparisons); JAXDNN_WGMMA_WS_BN=64|128 its tile width (default 64 for Kg <= 64, else 128).
+  const char* ws_env = std::getenv("JAXDNN_WGMMA_WS");
+  const bool ws = ws_env && ws_env[0] == '1' && plan.splits == 1 && in != kInTF32;
+  int ws_bn = p.Kg <= 64 ? 64 : 128;
+  if (const char* b = std::getenv("JAXDNN_WGMMA_WS_BN")) ws_bn = std::atoi(b) == 64 ? 64 : 128;
   auto run = [&](auto in_tag) {
     constexpr int I = decltype(in_tag)::value;
+    if constexpr (I != kInTF32) {
+      if (ws) return ws_bn == 64 ? launch_ws<I, 64>(p, G, io.stream) : launch_ws<I, 128>(p, G, io.stream);
+    }
     std::string e = tile == 0   ? launch<I, 128, 128>(p, G, persistent, plan.splits, io.stream)
                     : tile == 1 ? launch<I, 64, 128>(p, G, persistent, plan.splits, io.stream)
                                 : launch<I, 64, 64>(p, G, persistent, plan.splits, io.stream);

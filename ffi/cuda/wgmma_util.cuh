@@ -31,6 +31,27 @@ __device__ __forceinline__ void fence_acc(float (&a)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(a[i])::"memory");
 }
 
+// mbarriers in shared memory (the warp-specialized kernels' stage handshakes). wait() spins until
+// the phase of the given parity has completed (acquire); arrive() releases this thread's prior
+// writes to the threads that wait on the phase it completes.
+__device__ __forceinline__ uint32_t mbar_addr(const void* bar) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(mbar_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nMBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra MBAR_WAIT;\n}\n" ::"r"(mbar_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
 // Is the current device an sm_90 (Hopper) part, and does this build carry sm_90a code for it?
 // The build defines JAXDNN_SM90A when its architectures include 90a (CMakeLists.txt, the
 // checkers' nvcc lines): built for plain sm_90, the wgmma kernels compile empty and must never
