@@ -179,6 +179,40 @@ def test_wgmma_persistent_walk_with_fused_epilogue(tile, dtype, bias_acc, monkey
   assert relative_error(gb, gb_ref) < 10 * tolerance(dtype)
 
 
+@pytest.mark.parametrize("bn", ["64", "128"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+def test_wgmma_warp_specialized(dtype, bn, monkeypatch):
+  """The warp-specialized forward (JAXDNN_WGMMA_WS=1, 16-bit only; read per call): a 3x3 layer
+  with 144 row tiles of 128 pixels times 2 (BN = 128; the second one partial) or 3 column tiles,
+  more tiles than the grid's CTAs (one per SM), so each CTA walks several and both of its consumer
+  warpgroups get tiles. The plain conv, bias + residual + relu, gelu under differentiation (the
+  stored pre-activation), and backward-data (the same kernel on dy) against the float64 oracle."""
+  monkeypatch.setenv("JAXDNN_WGMMA_WS", "1")
+  monkeypatch.setenv("JAXDNN_WGMMA_WS_BN", bn)
+  kw = dict(window_strides=(1, 1), padding="SAME", dimension_numbers=DNUMS[2])
+  x = rand((8, 48, 48, 64), dtype, seed=31)
+  w = rand((3, 3, 64, 192), dtype, seed=32)
+  bias = rand((192,), dtype, seed=33)
+  res = rand((8, 48, 48, 192), dtype, seed=34)
+  x64, w64 = x.astype(jnp.float64), w.astype(jnp.float64)
+  z_ref = lax_conv_hi(x64, w64, **kw)
+  conv = lambda a, b, bb=None, r=None, act=None: jaxdnn.conv(
+      a, b, **kw, bias=bb, residual=r, activation=act, algo="implicit_precomp_gemm")
+  tol = tolerance(dtype)
+  assert relative_error(jax.jit(conv)(x, w), z_ref) < tol
+  y = jax.jit(lambda a, b, bb, r: conv(a, b, bb, r, "relu"))(x, w, bias, res)
+  ref = jnp.maximum(z_ref + bias.astype(jnp.float64) + res.astype(jnp.float64), 0)
+  assert relative_error(y, ref) < tol
+  gb = jax.jit(jax.grad(lambda bb: jnp.sum(conv(x, w, bb, None, "gelu").astype(jnp.float32))))(bias)
+  gb_ref = jax.grad(lambda bb: jnp.sum(jax.nn.gelu(z_ref + bb, approximate=False)))(bias.astype(jnp.float64))
+  assert relative_error(gb, gb_ref) < 10 * tol
+  # backward-data: dx = conv(dy, flipped w) on the same kernel (its forward view: 192 input channels, 64 output)
+  dy = rand((8, 48, 48, 192), dtype, seed=35)
+  dx = jax.jit(lambda a, b, ct: jax.vjp(lambda u: conv(u, b), a)[1](ct)[0])(x, w, dy)
+  dx_ref = jax.vjp(lambda u: lax_conv_hi(u, w64, **kw), x64)[1](dy.astype(jnp.float64))[0]
+  assert relative_error(dx, dx_ref) < tol
+
+
 def test_wgmma_forward_grad_and_vmap():
   x = rand((2, 9, 9, 64), jnp.bfloat16, seed=3)
   w = rand((3, 3, 64, 128), jnp.bfloat16, seed=4)
