@@ -581,7 +581,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 // (registers raised to kWsConsumerRegs). The CTA walks tiles blockIdx.x, += gridDim.x (grid: one
 // CTA per SM and group); its i-th tile belongs to consumer i % 2, so one consumer's epilogue runs
 // while the other's K loop does, and the producer runs up to ST K steps ahead of both, across
-// tiles. Handshakes per stage s (mbarriers): full[s] completes when all 128 producer threads have
+// tiles; the consumers' K loops take turns in tile order (turn[]). Handshakes per stage s
+// (mbarriers): full[s] completes when all 128 producer threads have
 // seen their cp.asyncs of the stage land (cp.async.wait_group, then a proxy fence: the wgmmas
 // read through the async proxy) and arrived; empty[s] when the consuming warpgroup's 4 warps have
 // waited for their wgmmas on it. The producer signals a K step LAG = ST - 2 steps after issuing
@@ -604,8 +605,8 @@ struct WsCfg {
   static constexpr int PIPE = ST * STAGE;
   static constexpr int LDC = BN + 8;
   static constexpr int C_BYTES = 64 * LDC * 4;  // a consumer's C tile: one 64-row half
-  static constexpr int BARS = PIPE + 2 * C_BYTES;  // full[ST], then empty[ST]
-  static constexpr int TBL = BARS + ((2 * ST * 8 + 15) & ~15);  // the tap table
+  static constexpr int BARS = PIPE + 2 * C_BYTES;  // full[ST], empty[ST], turn[2]
+  static constexpr int TBL = BARS + (((2 * ST + 2) * 8 + 15) & ~15);  // the tap table
 };
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
@@ -620,6 +621,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const 
   extern __shared__ __align__(1024) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cf::BARS);
   uint64_t* empty = full + ST;
+  uint64_t* turn = empty + ST;
   int4* tbl = reinterpret_cast<int4*>(smem + Cf::TBL);
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
   const int g = blockIdx.z;
@@ -632,6 +634,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const 
       mbar_init(&full[s], 128);
       mbar_init(&empty[s], 4);
     }
+    mbar_init(&turn[0], 4);
+    mbar_init(&turn[1], 4);
   }
   __syncthreads();  // tap table and barriers
 
@@ -664,8 +668,16 @@ __global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const 
   float* Cs = reinterpret_cast<float*>(smem + Cf::PIPE + c * Cf::C_BYTES);
   float acc[2][BN / 2];
   int i = 0;  // the CTA's tile count: tile i is K steps i * nk ..
+  int own = 0;  // tiles this consumer has multiplied
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++i) {
     if ((i & 1) != c) continue;
+    // Tile i's K loop starts once tile i - 1's (the other consumer's) has waited on all of its
+    // stages (turn[c]). Without this order a consumer could wait on a stage's full barrier one
+    // use early: the use before its own belongs to the other consumer, so the barrier could still
+    // be in that earlier phase, of the other parity, and the wait would pass at once. (The
+    // order also hands the tensor cores from one consumer to the other, tile by tile.)
+    if (i > 0) mbar_wait(&turn[c], (c == 0 ? own - 1 : own) & 1);
+    ++own;
     const int m_base = (tile / p.tilesN) * BM, n_base = (tile % p.tilesN) * BN;
     // Zeros: biases in the accumulators (acc_from_bias) made ptxas serialize the wgmmas here (C7515:
     // "non wgmma instructions defining accumulator registers"), with one step's wgmmas in flight
@@ -695,6 +707,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const 
       asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
       if (kt > 0 && lane == 0) mbar_arrive(&empty[(step - 1) % ST]);
     }
+    if (lane == 0) mbar_arrive(&turn[1 - c]);  // every stage of this tile has been waited on
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
     for (int mb = 0; mb < 2; ++mb) fence_acc(acc[mb]);

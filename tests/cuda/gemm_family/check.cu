@@ -275,6 +275,10 @@ int run_checks(bool quick, const std::string& ops, const std::string& only) {
     // several tiles per CTA (register-direct stores without an epilogue; with one, every tile is
     // staged through a C tile of its own); partial last N tile (Kg 136)
     add("wg_1x1_c64k136_many", make_problem(L, 2, 8, 64, 136, 1, {48, 48}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, {0, 0}));
+    // 288 row tiles of 128 (the warp-specialized kernel, JAXDNN_WGMMA_WS=1: more tiles than its
+    // one CTA per SM, so both consumer warpgroups of a CTA take tiles) with 9 K steps per tile, so
+    // a stage's uses alternate between the two consumers
+    add("wg_3x3_c64k64_walk", make_problem(L, 2, 4, 64, 64, 1, {96, 96}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}));
     // Backward-data at stride 1 takes the wgmma kernel when the forward view qualifies (Kg % 64
     // in 16-bit, % 32 in tf32; Cg % 8): asymmetric padding, groups with dilation, and padding
     // wider than the dilated filter (negative padding in the view)
