@@ -142,6 +142,32 @@ def test_wgmma_split_k_with_fused_epilogue(case, dtype, monkeypatch):
     assert relative_error(dx, dx_ref) < tolerance(dtype)
 
 
+def _check_fused_epilogue(dtype, kw, x_shape, w_shape, seed):
+  """jaxdnn.conv (IMPLICIT_PRECOMP_GEMM, NHWC) with bias + residual + relu, bias + relu, bias
+  alone, and gelu's bias gradient (the forward stores the pre-activation, which the bias gradient
+  reads), against the float64 oracle. Returns x and w."""
+  k = w_shape[-1]
+  x = rand(x_shape, dtype, seed=seed)
+  w = rand(w_shape, dtype, seed=seed + 1)
+  bias = rand((k,), dtype, seed=seed + 2)
+  x64, w64 = x.astype(jnp.float64), w.astype(jnp.float64)
+  z = lax_conv_hi(x64, w64, **kw)
+  z_ref = z + bias.astype(jnp.float64)
+  res = rand(z.shape, dtype, seed=seed + 3)
+  conv = lambda a, b, bb, r, act: jaxdnn.conv(a, b, **kw, bias=bb, residual=r, activation=act,
+                                               algo="implicit_precomp_gemm")
+  y = jax.jit(lambda a, b, bb, r: conv(a, b, bb, r, "relu"))(x, w, bias, res)
+  assert relative_error(y, jnp.maximum(z_ref + res.astype(jnp.float64), 0)) < tolerance(dtype)
+  y = jax.jit(lambda a, b, bb: conv(a, b, bb, None, "relu"))(x, w, bias)
+  assert relative_error(y, jnp.maximum(z_ref, 0)) < tolerance(dtype)
+  y = jax.jit(lambda a, b, bb: conv(a, b, bb, None, None))(x, w, bias)
+  assert relative_error(y, z_ref) < tolerance(dtype)
+  gb = jax.jit(jax.grad(lambda bb: jnp.sum(conv(x, w, bb, None, "gelu").astype(jnp.float32))))(bias)
+  gb_ref = jax.grad(lambda bb: jnp.sum(jax.nn.gelu(z + bb, approximate=False)))(bias.astype(jnp.float64))
+  assert relative_error(gb, gb_ref) < 10 * tolerance(dtype)
+  return x, w
+
+
 @pytest.mark.parametrize("bias_acc", ["1", "0"], ids=["bias_in_acc", "bias_in_epilogue"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32], ids=["bf16", "f16", "tf32"])
 @pytest.mark.parametrize("tile", ["64x64", "64x128"])
@@ -158,25 +184,7 @@ def test_wgmma_persistent_walk_with_fused_epilogue(tile, dtype, bias_acc, monkey
   monkeypatch.setenv("JAXDNN_WGMMA_PERSISTENT", "1")
   monkeypatch.setenv("JAXDNN_WGMMA_TILE", tile)
   kw = dict(window_strides=(1, 1), padding="VALID", dimension_numbers=DNUMS[2])
-  x = rand((8, 48, 48, 128), dtype, seed=21)
-  w = rand((1, 1, 128, 200), dtype, seed=22)
-  bias = rand((200,), dtype, seed=23)
-  res = rand((8, 48, 48, 200), dtype, seed=24)
-  x64, w64 = x.astype(jnp.float64), w.astype(jnp.float64)
-  z_ref = lax_conv_hi(x64, w64, **kw) + bias.astype(jnp.float64)
-  conv = lambda a, b, bb, r, act: jaxdnn.conv(a, b, **kw, bias=bb, residual=r, activation=act,
-                                               algo="implicit_precomp_gemm")
-  y = jax.jit(lambda a, b, bb, r: conv(a, b, bb, r, "relu"))(x, w, bias, res)
-  assert relative_error(y, jnp.maximum(z_ref + res.astype(jnp.float64), 0)) < tolerance(dtype)
-  y = jax.jit(lambda a, b, bb: conv(a, b, bb, None, "relu"))(x, w, bias)
-  assert relative_error(y, jnp.maximum(z_ref, 0)) < tolerance(dtype)
-  y = jax.jit(lambda a, b, bb: conv(a, b, bb, None, None))(x, w, bias)
-  assert relative_error(y, z_ref) < tolerance(dtype)
-  # gelu: the forward stores the pre-activation for the backward (the bias gradient reads it)
-  gb = jax.jit(jax.grad(lambda bb: jnp.sum(conv(x, w, bb, None, "gelu").astype(jnp.float32))))(bias)
-  gb_ref = jax.grad(lambda bb: jnp.sum(jax.nn.gelu(lax_conv_hi(x64, w64, **kw) + bb,
-                                                   approximate=False)))(bias.astype(jnp.float64))
-  assert relative_error(gb, gb_ref) < 10 * tolerance(dtype)
+  _check_fused_epilogue(dtype, kw, (8, 48, 48, 128), (1, 1, 128, 200), seed=21)
 
 
 @pytest.mark.parametrize("bn", ["64", "128"])
@@ -190,27 +198,16 @@ def test_wgmma_warp_specialized(dtype, bn, monkeypatch):
   monkeypatch.setenv("JAXDNN_WGMMA_WS", "1")
   monkeypatch.setenv("JAXDNN_WGMMA_WS_BN", bn)
   kw = dict(window_strides=(1, 1), padding="SAME", dimension_numbers=DNUMS[2])
-  x = rand((8, 48, 48, 64), dtype, seed=31)
-  w = rand((3, 3, 64, 192), dtype, seed=32)
-  bias = rand((192,), dtype, seed=33)
-  res = rand((8, 48, 48, 192), dtype, seed=34)
+  x, w = _check_fused_epilogue(dtype, kw, (8, 48, 48, 64), (3, 3, 64, 192), seed=31)
+  conv = lambda a, b: jaxdnn.conv(a, b, **kw, algo="implicit_precomp_gemm")
   x64, w64 = x.astype(jnp.float64), w.astype(jnp.float64)
-  z_ref = lax_conv_hi(x64, w64, **kw)
-  conv = lambda a, b, bb=None, r=None, act=None: jaxdnn.conv(
-      a, b, **kw, bias=bb, residual=r, activation=act, algo="implicit_precomp_gemm")
-  tol = tolerance(dtype)
-  assert relative_error(jax.jit(conv)(x, w), z_ref) < tol
-  y = jax.jit(lambda a, b, bb, r: conv(a, b, bb, r, "relu"))(x, w, bias, res)
-  ref = jnp.maximum(z_ref + bias.astype(jnp.float64) + res.astype(jnp.float64), 0)
-  assert relative_error(y, ref) < tol
-  gb = jax.jit(jax.grad(lambda bb: jnp.sum(conv(x, w, bb, None, "gelu").astype(jnp.float32))))(bias)
-  gb_ref = jax.grad(lambda bb: jnp.sum(jax.nn.gelu(z_ref + bb, approximate=False)))(bias.astype(jnp.float64))
-  assert relative_error(gb, gb_ref) < 10 * tol
-  # backward-data: dx = conv(dy, flipped w) on the same kernel (its forward view: 192 input channels, 64 output)
+  assert relative_error(jax.jit(conv)(x, w), lax_conv_hi(x64, w64, **kw)) < tolerance(dtype)
+  # backward-data: dx = conv(dy, flipped w) on the same kernel (its forward view: 192 input
+  # channels, 64 output)
   dy = rand((8, 48, 48, 192), dtype, seed=35)
   dx = jax.jit(lambda a, b, ct: jax.vjp(lambda u: conv(u, b), a)[1](ct)[0])(x, w, dy)
   dx_ref = jax.vjp(lambda u: lax_conv_hi(u, w64, **kw), x64)[1](dy.astype(jnp.float64))[0]
-  assert relative_error(dx, dx_ref) < tol
+  assert relative_error(dx, dx_ref) < tolerance(dtype)
 
 
 def test_wgmma_forward_grad_and_vmap():
