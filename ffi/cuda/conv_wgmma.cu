@@ -590,6 +590,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 // producer, waiting for stage s to empty, would wait on a consumer that waits on a stage the
 // producer has not signalled yet. A consumer's tile is 128 x BN (two m64 blocks); its epilogue
 // stages one 64-row half at a time through a C tile of its own (store_staged). No split-K.
+// Measured (H100, bf16, kernel-only, session 23): 1.05-1.62x the single-warpgroup kernel's time
+// on 8 of the 10 benchmark layers, 0.94x on inc_5x5; with a residual it costs only 1.03-1.17x its
+// own plain time. The producer, waiting on its oldest group before it signals, keeps at most
+// ST - 2 = 2 stages in flight, and the K loop starves. So it is opt-in (wgmma_try:
+// JAXDNN_WGMMA_WS=1) and nothing selects it.
 // Registers: a CTA of 384 threads starts at 168 each (65536 / 384, rounded down to a multiple of
 // 8); setmaxnreg moves them between warpgroups within that total. At a producer's 56 its loader
 // state (up to 8 A rows and 8 B rows) spilled (ptxas); at 88 / 208 nothing spills.
