@@ -1403,7 +1403,7 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   const char* ws_env = std::getenv("JAXDNN_WGMMA_WS");
   const bool ws = ws_env && ws_env[0] == '1' && plan.splits == 1 && in != kInTF32;
   int ws_bn = p.Kg <= 64 ? 64 : 128;
-  if (const char* b = std::getenv("JAXDNN_WGMMA_WS_BN")) ws_bn = std::atoi(b) == 64 ? 64 : 128;
+  if (const char* b = ws ? std::getenv("JAXDNN_WGMMA_WS_BN") : nullptr) ws_bn = std::atoi(b) == 64 ? 64 : 128;
   auto run = [&](auto in_tag) {
     constexpr int I = decltype(in_tag)::value;
     if constexpr (I != kInTF32) {
