@@ -133,6 +133,9 @@ struct WgParams : WgGeom {
   // the splits in order and applies the epilogue. nullptr: no split.
   float* part;
   int ksplit;
+  // The warp-specialized kernel: 1 = a consumer waits for each K step's wgmmas before the next
+  // (wgmma.wait_group 0; JAXDNN_WGMMA_WS_WAIT0=1), else one step stays in flight.
+  int ws_wait0;
 };
 
 template <int BM, int BN>
@@ -329,13 +332,12 @@ struct TileLoader {
 
 // A warpgroup's MB blocks of m64 x BN accumulators into rows 0.. of an fp32 C tile of pitch LDC
 // (accumulator layout: see store_acc_f32).
-// FROM, COUNT: the 64-row blocks taken (block FROM goes to row 0).
-template <int MB, int BN, int LDC, int FROM = 0, int COUNT = MB>
+template <int MB, int BN, int LDC>
 __device__ __forceinline__ void acc_to_smem(const float (&acc)[MB][BN / 2], float* Cs) {
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
 #pragma unroll
-  for (int mb = FROM; mb < FROM + COUNT; ++mb) {
-    const int row = (mb - FROM) * 64 + warp * 16 + (lane >> 2);
+  for (int mb = 0; mb < MB; ++mb) {
+    const int row = mb * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
       const int col = j * 8 + (lane & 3) * 2;
@@ -581,20 +583,21 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 // (registers raised to kWsConsumerRegs). The CTA walks tiles blockIdx.x, += gridDim.x (grid: one
 // CTA per SM and group); its i-th tile belongs to consumer i % 2, so one consumer's epilogue runs
 // while the other's K loop does, and the producer runs up to ST K steps ahead of both, across
-// tiles; the consumers' K loops take turns in tile order (turn[]). Handshakes per stage s
-// (mbarriers): full[s] completes when all 128 producer threads have
-// seen their cp.asyncs of the stage land (cp.async.wait_group, then a proxy fence: the wgmmas
-// read through the async proxy) and arrived; empty[s] when the consuming warpgroup's 4 warps have
-// waited for their wgmmas on it. The producer signals a K step LAG = ST - 2 steps after issuing
-// it, and a consumer releases a stage one step late (wgmma.wait_group 1): with LAG = ST - 1 the
-// producer, waiting for stage s to empty, would wait on a consumer that waits on a stage the
-// producer has not signalled yet. A consumer's tile is 128 x BN (two m64 blocks); its epilogue
-// stages one 64-row half at a time through a C tile of its own (store_staged). No split-K.
-// Measured (H100, bf16, kernel-only, session 23): 1.05-1.62x the single-warpgroup kernel's time
-// on 8 of the 10 benchmark layers, 0.94x on inc_5x5; with a residual it costs only 1.03-1.17x its
-// own plain time. The producer, waiting on its oldest group before it signals, keeps at most
-// ST - 2 = 2 stages in flight, and the K loop starves. So it is opt-in (wgmma_try:
-// JAXDNN_WGMMA_WS=1) and nothing selects it.
+// tiles. Handshakes (mbarriers):
+// - full[s]: each of the 128 producer threads arrives once its cp.asyncs into stage s have landed
+//   (cp.async.mbarrier.arrive.noinc: the producer never waits on its own loads); the consumer
+//   waits, then fences the proxies (cp.async writes through the generic proxy, wgmma reads
+//   through the async one).
+// - empty[s]: the consuming warpgroup's 4 warps arrive once their wgmmas on stage s are done (one
+//   step late, wgmma.wait_group 1, or at once with WgParams::ws_wait0); the producer waits before
+//   it refills the stage.
+// - turn[c]: tile i's K loop starts once tile i - 1's (the other consumer's) has waited on all of
+//   its stages. Without it a consumer could pass a full barrier one use early: the use before its
+//   own is the other consumer's, so the barrier could still be a phase behind, of the other
+//   parity (the H100 timing runs hung before this). It also hands the tensor cores from one
+//   consumer to the other, tile by tile.
+// A consumer's tile is 128 x BN (two m64 blocks); its epilogue stages 32 rows at a time through a
+// C tile of its own (ws_epilogue). No split-K.
 // Registers: a CTA of 384 threads starts at 168 each (65536 / 384, rounded down to a multiple of
 // 8); setmaxnreg moves them between warpgroups within that total. At a producer's 56 its loader
 // state (up to 8 A rows and 8 B rows) spilled (ptxas); at 88 / 208 nothing spills.
@@ -605,11 +608,11 @@ template <int BN>
 struct WsCfg {
   static constexpr int BM = 128;  // a consumer tile's rows
   static constexpr int STAGE = BM * 128 + BN * 128;
-  static constexpr int ST = BN == 128 ? 4 : 6;  // stages: about 128-144 KB
-  static constexpr int LAG = ST - 2;
+  static constexpr int ST = BN == 128 ? 5 : 8;  // stages: 160 or 192 KB
   static constexpr int PIPE = ST * STAGE;
   static constexpr int LDC = BN + 8;
-  static constexpr int C_BYTES = 64 * LDC * 4;  // a consumer's C tile: one 64-row half
+  static constexpr int EPI_ROWS = 32;  // rows per pass of the staged epilogue
+  static constexpr int C_BYTES = EPI_ROWS * LDC * 4;  // a consumer's C tile
   static constexpr int BARS = PIPE + 2 * C_BYTES;  // full[ST], empty[ST], turn[2]
   static constexpr int TBL = BARS + (((2 * ST + 2) * 8 + 15) & ~15);  // the tap table
 };
@@ -618,11 +621,41 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// A consumer's epilogue (consumer c, thread t of its warpgroup): its 128 x BN tile through its C
+// tile Cs, EPI_ROWS = 32 rows a pass. Warp w holds rows 16w .. 16w + 15 of each 64-row block, so
+// the 32 rows of a pass are written by two warps, then stored by all four (store_staged).
+template <int IN, int BN>
+__device__ __forceinline__ void ws_epilogue(const WgParams& p, const float (&acc)[2][BN / 2], float* Cs,
+                                            int m_base, int n_base, int g, int t, int c) {
+  constexpr int LDC = WsCfg<BN>::LDC;
+  static_assert(WsCfg<BN>::EPI_ROWS == 32, "two warps' rows per pass");
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      named_sync(1 + c, 128);  // the previous pass's (or tile's) readers are done with Cs
+      if ((warp >> 1) == h) {
+        const int row = (warp & 1) * 16 + (lane >> 2);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = j * 8 + (lane & 3) * 2;
+          *reinterpret_cast<float2*>(Cs + row * LDC + col) = make_float2(acc[mb][j * 4], acc[mb][j * 4 + 1]);
+          *reinterpret_cast<float2*>(Cs + (row + 8) * LDC + col) =
+              make_float2(acc[mb][j * 4 + 2], acc[mb][j * 4 + 3]);
+        }
+      }
+      named_sync(1 + c, 128);
+      store_staged<IN, 32, BN>(p, Cs, nullptr, m_base + mb * 64 + h * 32, n_base, g, t);
+    }
+  }
+}
+
 template <int IN, int BN>
 __global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const WgParams p) {
 #ifdef JAXDNN_HAS_WGMMA
   using Cf = WsCfg<BN>;
-  constexpr int BK = WgType<IN>::BK, ST = Cf::ST, BM = Cf::BM, LAG = Cf::LAG;
+  constexpr int BK = WgType<IN>::BK, ST = Cf::ST, BM = Cf::BM;
   extern __shared__ __align__(1024) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cf::BARS);
   uint64_t* empty = full + ST;
@@ -654,22 +687,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const 
         const int s = step % ST;
         if (step >= ST) mbar_wait(&empty[s], (step / ST - 1) & 1);
         ld.load(p, tbl, kt, smem + s * Cf::STAGE);
-        cp_async_commit();
-        if (step >= LAG) {  // step - LAG has landed
-          cp_async_wait<LAG>();
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          mbar_arrive(&full[(step - LAG) % ST]);
-        }
+        // full[s] gets this thread's arrival once its cp.asyncs so far have landed
+        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(mbar_addr(&full[s]))
+                     : "memory");
       }
     }
-    cp_async_wait<0>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    for (int j = max(0, step - LAG); j < step; ++j) mbar_arrive(&full[j % ST]);
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // nothing of this thread's in flight at its exit
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsConsumerRegs));
   const int c = wg - 1, lane = tid & 31;
+  const bool wait0 = p.ws_wait0 != 0;
   float* Cs = reinterpret_cast<float*>(smem + Cf::PIPE + c * Cf::C_BYTES);
   float acc[2][BN / 2];
   int i = 0;  // the CTA's tile count: tile i is K steps i * nk ..
@@ -698,6 +727,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const 
     for (int kt = 0; kt < nk; ++kt) {
       const int step = step0 + kt, s = step % ST;
       mbar_wait(&full[s], (step / ST) & 1);
+      // the stage was written through the generic proxy (cp.async); wgmma reads it through the
+      // async proxy
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       const uint32_t sa = smem_u32(smem + s * Cf::STAGE);
       const uint32_t sb = sa + BM * 128;
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -708,24 +740,23 @@ __global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const 
         for (int mb = 0; mb < 2; ++mb) wg_mma<IN, BN>(acc[mb], sw128_desc(sa + mb * 64 * 128 + kk * 32), db);
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      // the previous step's wgmmas are done with their stage (at kt = 0: nothing to wait for)
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      if (kt > 0 && lane == 0) mbar_arrive(&empty[(step - 1) % ST]);
+      if (wait0) {  // this step's wgmmas done: its stage goes back at once
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (lane == 0) mbar_arrive(&empty[s]);
+      } else {  // the previous step's wgmmas are done with their stage (kt = 0: none to wait for)
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[(step - 1) % ST]);
+      }
     }
     if (lane == 0) mbar_arrive(&turn[1 - c]);  // every stage of this tile has been waited on
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
     for (int mb = 0; mb < 2; ++mb) fence_acc(acc[mb]);
-    if (lane == 0) mbar_arrive(&empty[(step0 + nk - 1) % ST]);
+    if (!wait0 && lane == 0) mbar_arrive(&empty[(step0 + nk - 1) % ST]);
 
-    named_sync(1 + c, 128);  // the previous half's (or tile's) readers are done with Cs
-    acc_to_smem<2, BN, Cf::LDC, 0, 1>(acc, Cs);
-    named_sync(1 + c, 128);
-    store_staged<IN, 64, BN>(p, Cs, nullptr, m_base, n_base, g, t);
-    named_sync(1 + c, 128);
-    acc_to_smem<2, BN, Cf::LDC, 1, 1>(acc, Cs);
-    named_sync(1 + c, 128);
-    store_staged<IN, 64, BN>(p, Cs, nullptr, m_base + 64, n_base, g, t);
+    // The epilogue, EPI_ROWS rows at a time: warp w's accumulator rows are 16w.. of each 64-row
+    // block, so a pass of 32 rows takes warps 0-1 (block 0) or 2-3 ... written by their owners.
+    ws_epilogue<IN, BN>(p, acc, Cs, m_base, n_base, g, t, c);
   }
 #endif
 }
@@ -1096,6 +1127,8 @@ std::string launch_ws(WgParams p, int groups, cudaStream_t st) {
   p.pipe_bytes = Cf::TBL;
   p.c_smem = p.epi_smem = 0;
   p.bias_acc = 0;  // see the kernel
+  const char* w0 = std::getenv("JAXDNN_WGMMA_WS_WAIT0");
+  p.ws_wait0 = w0 && w0[0] == '1';
   const long long tiles = static_cast<long long>(p.tilesM) * p.tilesN;
   const long long ctas = std::min(tiles, std::max(1LL, static_cast<long long>(sms) / groups));
   dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(groups));
