@@ -71,6 +71,7 @@ namespace jaxdnn::cuda {
 namespace {
 
 using gemm::cp_async16;
+using gemm::cp_async16_ign;
 using gemm::cp_async_commit;
 using gemm::cp_async_wait;
 using gemm::smem_u32;
@@ -262,22 +263,31 @@ __device__ __forceinline__ void fill_tap_table(const WgParams& p, int4* tbl, int
 // The operand loader of one warpgroup (128 threads): thread t = 16-byte chunk column cc of tile
 // rows r0, r0 + 16, ...; every row it touches has the same r % 8, so its swizzled chunk offset is
 // one constant. setup() takes a tile's rows (the A rows' image positions, the B rows' filter
-// offsets); load() fills one stage (A [BM][128 B], then B [BN][128 B]) with a K step's cp.asyncs,
-// zeros outside the image.
+// offsets) and its first K step; each load() fills one stage (A [BM][128 B], then B [BN][128 B])
+// with the next K step's cp.asyncs, zeros outside the image, and moves the K cursor on.
+// Per chunk a load costs one 32-bit offset added to a row pointer (IMAD.WIDE), the bounds test
+// and the copy: the row pointers hold everything but the tap's and channel's offset, and a copy
+// outside the image is not clamped (cp_async16_ign reads nothing). The K cursor (tap j, channel
+// c0) steps by BK instead of dividing the K index by Cg each step.
 template <int IN, int BM, int BN>
 struct TileLoader {
   using E = typename WgType<IN>::E;
   static constexpr int BK = WgType<IN>::BK, VEC = 16 / sizeof(E);
   static constexpr int RA = BM / 16, RB = BN / 16;  // tile rows per thread (16 rows per pass)
+  static_assert(RB <= 32, "b_ok bits");
   int cc, r0, swz;
-  long long a_off[RA];
-  int a_z[RA], a_h[RA], a_w[RA];
-  long long b_off[RB];
-  bool b_ok[RB];
+  const E* a_ptr[RA];  // row i, channel g * Cg + cc * VEC, at the tap offset 0 (maybe outside x)
+  int a_z[RA], a_h[RA], a_w[RA];  // row i's first input position (a_z = INT_MIN / 2: past M)
+  const unsigned char* b_ptr[RB];  // filter row i's bytes, this thread's chunk, K index 0
+  unsigned b_ok;  // bit i: filter row i exists (n < Kg)
+  int j, c0, kb;  // the next load's tap, its channel, its K index
 
   __device__ __forceinline__ explicit TileLoader(int t) : cc(t & 7), r0(t >> 3), swz(((t & 7) ^ ((t >> 3) & 7)) * 16) {}
 
-  __device__ __forceinline__ void setup(const WgParams& p, int g, int tile) {
+  // tile: the tile index; ks0: its first K step (a split's start, else 0)
+  __device__ __forceinline__ void setup(const WgParams& p, int g, int tile, int ks0) {
+    const E* x = static_cast<const E*>(p.x);
+    const E* wt = static_cast<const E*>(p.wt);
     const int m_base = (tile / p.tilesN) * BM, n_base = (tile % p.tilesN) * BN;
     const long long img = static_cast<long long>(p.D) * p.H * p.W * p.C;
 #pragma unroll
@@ -292,41 +302,47 @@ struct TileLoader {
         a_z[i] = z * p.str[0] - p.pad[0];
         a_h[i] = pp * p.str[1] - p.pad[1];
         a_w[i] = q * p.str[2] - p.pad[2];
-        a_off[i] = n * img +
-                   ((static_cast<long long>(a_z[i]) * p.H + a_h[i]) * p.W + a_w[i]) * p.C +
-                   static_cast<long long>(g) * p.Cg + cc * VEC;
+        a_ptr[i] = x + (n * img + ((static_cast<long long>(a_z[i]) * p.H + a_h[i]) * p.W + a_w[i]) * p.C +
+                        static_cast<long long>(g) * p.Cg + cc * VEC);
       } else {
         a_z[i] = INT_MIN / 2;  // fails every bounds test
         a_h[i] = a_w[i] = 0;
-        a_off[i] = 0;
+        a_ptr[i] = x;
       }
     }
+    b_ok = 0;
 #pragma unroll
     for (int i = 0; i < RB; ++i) {
       const int n = n_base + r0 + 16 * i;
-      b_ok[i] = n < p.Kg;
-      b_off[i] = (static_cast<long long>(g) * p.Kg + n) * p.Kred + cc * VEC;
+      if (n < p.Kg) b_ok |= 1u << i;
+      b_ptr[i] = reinterpret_cast<const unsigned char*>(wt + ((static_cast<long long>(g) * p.Kg + n) * p.Kred + cc * VEC));
     }
+    kb = ks0 * BK;
+    j = kb / p.Cg;
+    c0 = kb - j * p.Cg;
   }
 
-  // K step ks (absolute: K values ks*BK ..) into the stage at As (B at As + BM * 128).
-  __device__ __forceinline__ void load(const WgParams& p, const int4* tbl, int ks, unsigned char* As) const {
-    const E* x = static_cast<const E*>(p.x);
-    const E* wt = static_cast<const E*>(p.wt);
+  // The next K step into the stage at As (B at As + BM * 128).
+  __device__ __forceinline__ void load(const WgParams& p, const int4* tbl, unsigned char* As) {
     unsigned char* Bs = As + BM * 128;
-    const int k0 = ks * BK;
-    const int j = k0 / p.Cg, c0 = k0 - j * p.Cg;
     const int4 e = tbl[j];
+    const int off = e.w + c0;  // < 2^31: the image is (forward_reason)
 #pragma unroll
     for (int i = 0; i < RA; ++i) {
       const bool v = static_cast<unsigned>(a_z[i] + e.x) < static_cast<unsigned>(p.D) &&
                      static_cast<unsigned>(a_h[i] + e.y) < static_cast<unsigned>(p.H) &&
                      static_cast<unsigned>(a_w[i] + e.z) < static_cast<unsigned>(p.W);
-      cp_async16(As + (r0 + 16 * i) * 128 + swz, x + (v ? a_off[i] + e.w + c0 : 0), v);
+      cp_async16_ign(As + (r0 + 16 * i) * 128 + swz, a_ptr[i] + off, v);
     }
 #pragma unroll
     for (int i = 0; i < RB; ++i)
-      cp_async16(Bs + (r0 + 16 * i) * 128 + swz, wt + (b_ok[i] ? b_off[i] + k0 : 0), b_ok[i]);
+      cp_async16_ign(Bs + (r0 + 16 * i) * 128 + swz, b_ptr[i] + kb * static_cast<int>(sizeof(E)), b_ok & (1u << i));
+    kb += BK;
+    c0 += BK;
+    if (c0 == p.Cg) {  // Cg % BK == 0 (forward_reason)
+      c0 = 0;
+      ++j;
+    }
   }
 };
 
@@ -449,17 +465,17 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   // of the tile being multiplied.
   TileLoader<IN, BM, BN> ld(tid);
   int ld_tile = blockIdx.x, ld_kt = 0;
-  if (ld_tile < tiles) ld.setup(p, g, ld_tile);
+  if (ld_tile < tiles) ld.setup(p, g, ld_tile, kt0);
   __syncthreads();  // tap table
 
   // The loader's next K step into stage s (an empty group once every tile is loaded).
   auto load_next = [&](int s) {
     if (ld_tile < tiles) {
-      ld.load(p, tbl, kt0 + ld_kt, smem + s * Cf::STAGE);
+      ld.load(p, tbl, smem + s * Cf::STAGE);
       if (++ld_kt == nk) {
         ld_kt = 0;
         ld_tile += gridDim.x;
-        if (ld_tile < tiles) ld.setup(p, g, ld_tile);
+        if (ld_tile < tiles) ld.setup(p, g, ld_tile, kt0);
       }
     }
     cp_async_commit();
@@ -682,11 +698,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const 
     TileLoader<IN, BM, BN> ld(t);
     int step = 0;  // K steps issued by this CTA: stage step % ST, its (step / ST)-th use
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      ld.setup(p, g, tile);
+      ld.setup(p, g, tile, 0);
       for (int kt = 0; kt < nk; ++kt, ++step) {
         const int s = step % ST;
         if (step >= ST) mbar_wait(&empty[s], (step / ST - 1) & 1);
-        ld.load(p, tbl, kt, smem + s * Cf::STAGE);
+        ld.load(p, tbl, smem + s * Cf::STAGE);
         // full[s] gets this thread's arrival once its cp.asyncs so far have landed
         asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(mbar_addr(&full[s]))
                      : "memory");

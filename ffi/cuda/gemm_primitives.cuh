@@ -19,6 +19,15 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
                "r"(n));
 }
+// The same copy with cp.async's ignore-src predicate, on when valid == 0: then the source is not
+// read at all, so gmem may point anywhere (a padding tap outside the tensor) and the caller need
+// not clamp it. valid: any nonzero value (a mask bit, say) means copy.
+__device__ __forceinline__ void cp_async16_ign(void* smem, const void* gmem, unsigned valid) {
+  asm volatile(
+      "{\n .reg .pred ign;\n setp.eq.u32 ign, %2, 0;\n"
+      " cp.async.cg.shared.global [%0], [%1], 16, ign;\n}\n" ::"r"(smem_u32(smem)),
+      "l"(gmem), "r"(valid));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
