@@ -32,9 +32,9 @@ CASES = [
     ("r50_c4_like", (14, 14), 8, 256, 256, 1, (3, 3), (1, 1), (1, 1), [(1, 1), (1, 1)]),
     ("1d_c64k128_k7", (50,), 2, 64, 128, 1, (7,), (1,), (1,), [(3, 3)]),
     ("3d_c64k64", (5, 6, 7), 2, 64, 64, 1, (3, 3, 3), (1, 1, 1), (1, 1, 1), [(1, 1)] * 3),
-    # depth dilation and uneven padding: the loader's per-row tap masks along all three axes
+    # the loader's bounds tests on all three axes: depth dilation, uneven padding
     ("3d_c64k64_d2", (7, 6, 8), 2, 64, 64, 1, (3, 3, 2), (1, 1, 1), (2, 1, 2), [(2, 1), (1, 1), (1, 0)]),
-    # 49 taps: more than the wgmma loader's 32-tap masks, so the mma.sync kernel runs it
+    # 49 taps (more than 32: a loader with per-row tap bit masks would need a second word)
     ("c64k64_7x7", (9, 8), 2, 64, 64, 1, (7, 7), (1, 1), (1, 1), [(3, 3), (3, 3)]),
     # wgmma in float32 only (K steps of 32 channels)
     ("c32k40_odd", (13, 11), 3, 32, 40, 1, (3, 3), (1, 1), (1, 1), [(1, 1), (1, 1)]),

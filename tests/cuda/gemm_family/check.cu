@@ -266,8 +266,8 @@ int run_checks(bool quick, const std::string& ops, const std::string& only) {
     add("wg_3d_c64k64", make_problem(L, 3, 2, 64, 64, 1, {5, 6, 7}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}));
     add("wg_c192k256_5x5", make_problem(L, 2, 2, 192, 256, 1, {9, 10}, {5, 5}, {1, 1}, {1, 1}, {2, 2}, {2, 2}));
     add("wg_1d_c64k128_k7", make_problem(L, 1, 2, 64, 128, 1, {50}, {7}, {1}, {1}, {3}, {3}));
-    // the loader's per-row tap masks along all three axes (depth dilation, uneven padding), and
-    // 49 taps: more than the masks' 32, so the mma.sync kernel takes it
+    // the loader's bounds tests on all three axes (depth dilation, uneven padding), and 49 taps
+    // (more than 32: a loader with per-row tap bit masks would need a second word)
     add("wg_3d_c64k64_d2", make_problem(L, 3, 2, 64, 64, 1, {7, 6, 8}, {3, 3, 2}, {1, 1, 1}, {2, 1, 2}, {2, 1, 1}, {1, 1, 0}));
     add("wg_c64k64_7x7", make_problem(L, 2, 2, 64, 64, 1, {9, 8}, {7, 7}, {1, 1}, {1, 1}, {3, 3}, {3, 3}));
     // Cg % 32 == 0: the float32 forward at TF32 precision runs it too (32-wide K steps: one per
