@@ -614,6 +614,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 //   consumer to the other, tile by tile.
 // A consumer's tile is 128 x BN (two m64 blocks); its epilogue stages 32 rows at a time through a
 // C tile of its own (ws_epilogue). No split-K.
+// Measured (H100, bf16, kernel-only, session 24): the producer's instruction stream was its limit
+// (one warp per scheduler; vgg_c3_2 0.366 ms, as with the producer waiting on its own loads);
+// with the row-pointer loader 0.238 ms. That is still 1.03-1.39x the default kernel's time on
+// the ten benchmark layers (vgg_c3_2 1.14x), so it stays opt-in (wgmma_try: JAXDNN_WGMMA_WS=1).
 // Registers: a CTA of 384 threads starts at 168 each (65536 / 384, rounded down to a multiple of
 // 8); setmaxnreg moves them between warpgroups within that total. At a producer's 56 its loader
 // state (up to 8 A rows and 8 B rows) spilled (ptxas); at 88 / 208 nothing spills.
