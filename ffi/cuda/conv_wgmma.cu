@@ -265,10 +265,13 @@ __device__ __forceinline__ void fill_tap_table(const WgParams& p, int4* tbl, int
 // one constant. setup() takes a tile's rows (the A rows' image positions, the B rows' filter
 // offsets) and its first K step; each load() fills one stage (A [BM][128 B], then B [BN][128 B])
 // with the next K step's cp.asyncs, zeros outside the image, and moves the K cursor on.
-// Per chunk a load costs one 32-bit offset added to a row pointer (IMAD.WIDE), the bounds test
-// and the copy: the row pointers hold everything but the tap's and channel's offset, and a copy
-// outside the image is not clamped (cp_async16_ign reads nothing). The K cursor (tap j, channel
-// c0) steps by BK instead of dividing the K index by Cg each step.
+// The loads sit on the K loop's critical path (the single-warpgroup kernel issues them between
+// its wgmmas and their wait; the warp-specialized producer does nothing else), so a chunk costs
+// only one offset added to a row pointer, the bounds test and the copy: the row pointers hold
+// everything but the tap's and channel's offset, and a copy outside the image is not clamped
+// (cp_async16_ign reads nothing). The K cursor (tap j, channel c0) steps by BK instead of
+// dividing the K index by Cg each step. SASS (sm_90a): the 64 x 128 tile's K step went from 243
+// instructions to 172, the 128 x 128 tile's from 329 to 233 (session 24).
 template <int IN, int BM, int BN>
 struct TileLoader {
   using E = typename WgType<IN>::E;
