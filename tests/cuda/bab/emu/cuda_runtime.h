@@ -1,18 +1,19 @@
 // Emulated CUDA runtime for running bias_act.cu's kernels (and check.cu's copy of the older ones)
-// on the host (../emulate.sh). A launch starts one std::thread per thread of the block; they run
-// the grid's blocks one after another, in the order emu::block_order picks (forward, reverse or
-// shuffled: a kernel must not depend on which block finishes last), meeting at a real barrier
-// for __syncthreads and at the end of each block. A warp shuffle exchanges values through the
-// warp's slots between two barriers of its 32 threads. __shared__ arrays are function statics,
+// on the host (../emulate.sh). A launch runs the threads of a block as cooperative fibers
+// (../../emu_fibers.h) on the calling OS thread; they run the grid's blocks one after another, in
+// the order emu::block_order picks (forward, reverse or shuffled: a kernel must not depend on
+// which block finishes last), meeting at a barrier for __syncthreads and at the end of each
+// block. A warp shuffle exchanges values through the warp's slots between two barriers of its 32
+// threads. __shared__ arrays are function statics,
 // shared by the threads of the running block. "Device" memory is host memory of the exact size
 // asked for, so AddressSanitizer checks every kernel access and UBSan the vector alignments.
 // Not a CUDA: only what bias_act.cu and check.cu use.
 #pragma once
 
+#include "../../emu_fibers.h"
 #include "../../emu_host_api.h"
 
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +23,6 @@
 #include <memory>
 #include <numeric>
 #include <random>
-#include <thread>
 #include <vector>
 
 #define __global__
@@ -46,14 +46,15 @@ enum class Order { kForward, kReverse, kShuffled };
 inline Order block_order = Order::kForward;
 
 struct Warp {
-  std::barrier<> bar;
+  fibers::Barrier bar;
   uint64_t slot[32];
-  explicit Warp(int threads) : bar(threads) {}
+  explicit Warp(int threads) : bar{threads} {}
 };
 
-inline thread_local dim3 thread_idx, block_idx, block_dim, grid_dim;
-inline thread_local int warp_id = 0, lane_id = 0;
-inline std::barrier<>* block_barrier = nullptr;
+// The running fiber's view (thread_idx, warp_id and lane_id set at each switch).
+inline dim3 thread_idx, block_idx, block_dim, grid_dim;
+inline int warp_id = 0, lane_id = 0;
+inline fibers::Barrier* block_barrier = nullptr;
 inline std::vector<std::unique_ptr<Warp>>* warps = nullptr;
 inline unsigned long launches = 0;
 
@@ -76,26 +77,28 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
       for (unsigned x = 0; x < grid.x; ++x) order.emplace_back(x, y, z);
   if (block_order == Order::kReverse) std::reverse(order.begin(), order.end());
   if (block_order == Order::kShuffled) std::shuffle(order.begin(), order.end(), std::mt19937(launches));
-  std::barrier<> bar(static_cast<std::ptrdiff_t>(threads));
+  fibers::Barrier bar{static_cast<int>(threads)};
   std::vector<std::unique_ptr<Warp>> warp_list;
   for (unsigned long w = 0; w < (threads + 31) / 32; ++w)
     warp_list.push_back(std::make_unique<Warp>(static_cast<int>(std::min(32UL, threads - 32 * w))));
   block_barrier = &bar;
   warps = &warp_list;
-  std::vector<std::thread> pool;
-  for (unsigned long t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      thread_idx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
-      block_dim = block;
-      grid_dim = grid;
-      warp_id = static_cast<int>(t / 32), lane_id = static_cast<int>(t % 32);
-      for (const dim3& b : order) {
-        block_idx = b;
-        kernel(args...);
-        bar.arrive_and_wait();  // the block is done before the next one starts
-      }
-    });
-  for (auto& th : pool) th.join();
+  block_dim = block;
+  grid_dim = grid;
+  fibers::run(
+      static_cast<int>(threads),
+      [&](int) {
+        for (const dim3& b : order) {
+          block_idx = b;
+          kernel(args...);
+          fibers::arrive_and_wait(bar);  // the block is done before the next one starts
+        }
+      },
+      [&](int t) {
+        thread_idx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
+        warp_id = t / 32, lane_id = t % 32;
+      },
+      "launch");
   block_barrier = nullptr;
   warps = nullptr;
 }
@@ -106,7 +109,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
 #define blockDim (emu::block_dim)
 #define gridDim (emu::grid_dim)
 
-inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
+inline void __syncthreads() { emu::fibers::arrive_and_wait(*emu::block_barrier); }
 
 // Every thread of the warp takes part (full warps only, as the kernels launch them).
 template <typename T>
@@ -116,10 +119,10 @@ T __shfl_xor_sync(unsigned, T v, int lane_mask) {
   const int src = emu::lane_id ^ lane_mask;
   if (src >= 32) std::abort();
   std::memcpy(&w.slot[emu::lane_id], &v, sizeof(T));
-  w.bar.arrive_and_wait();
+  emu::fibers::arrive_and_wait(w.bar);
   T r;
   std::memcpy(&r, &w.slot[src], sizeof(T));
-  w.bar.arrive_and_wait();  // nobody overwrites a slot before all have read
+  emu::fibers::arrive_and_wait(w.bar);  // nobody overwrites a slot before all have read
   return r;
 }
 
