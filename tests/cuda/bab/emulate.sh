@@ -32,7 +32,7 @@ F="-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefine
 # One compiler at a time (small shared machines).
 g++ $F -c "$D/bias_act_emu.cc" -o "$D/bias_act.o"
 g++ $F -c "$D/check.cc" -o "$D/check.o"
-g++ $F "$D/bias_act.o" "$D/check.o" -o "$D/check" -pthread
+g++ $F "$D/bias_act.o" "$D/check.o" -o "$D/check" -pthread -ldl  # -ldl: dlopen (emu_fibers.h) before glibc 2.34
 rc=0
 env -u JAXDNN_BAB_BLOCKS "$D/check" "${1:-quick}" || rc=1
 JAXDNN_BAB_BLOCKS=2 "$D/check" "${1:-quick}" || rc=1

@@ -27,6 +27,6 @@ g++ $F -c "$D/wino_emu.cc" -o "$D/wino.o" &
 g++ $F -x c++ -c tests/cuda/winograd/check.cu -o "$D/check.o" &
 wait %1
 wait %2
-g++ $F "$D/wino.o" "$D/check.o" -o "$D/check" -pthread
+g++ $F "$D/wino.o" "$D/check.o" -o "$D/check" -pthread -ldl  # -ldl: dlopen (emu_fibers.h) before glibc 2.34
 [ "${1:-}" = build ] && exit 0  # build only: $D/check
 "$D/check" "${1:-quick}"
