@@ -3,11 +3,14 @@
 //
 // GEMM view: M = N*Z*P*Q output pixels, N = Kg output channels of a group, K = taps*Cg with
 // k = tap*Cg + c. A (activations) is gathered from x through per-tap offsets precomputed once per
-// CTA into shared memory; B is the filter, transposed once per call into the workspace as
-// [G*Kg][taps*Cg], so both operands are K-major (tf32 wgmma accepts nothing else). A pipeline
-// stage holds A [BM][BK] and B [BN][BK], one 128-byte row per tile row (BK = 64 16-bit or 32 fp32
-// values), in the 128-byte-swizzled layout that wgmma's shared-memory descriptors read (16-byte
-// chunk c of row r sits at chunk c ^ (r % 8)); cp.async fills them (zeros outside the image) while
+// CTA into shared memory; B is the filter. In 16-bit B is read straight from the HWIO filter, a
+// [taps*Cg][K] matrix whose output channels are contiguous, as an MN-major operand (wgmma's
+// transpose-B form); tf32 wgmma takes K-major operands only, so there the filter is transposed
+// once per call into the workspace as [G*Kg][taps*Cg]. A pipeline stage holds A [BM][BK], one
+// 128-byte row per tile row (BK = 64 16-bit or 32 fp32 values), and B: [BN][BK] likewise
+// (K-major), or BN / 64 panels of BK K rows x 64 channels (MN-major, as backward-filter's
+// operands), all in the 128-byte-swizzled layout that wgmma's shared-memory descriptors read
+// (16-byte chunk c of row r sits at chunk c ^ (r % 8)); cp.async fills them (zeros outside the image) while
 // one warpgroup (128 threads) runs four wgmmas per stage (m64nBNk16, or m64nBNk8 for tf32: 32
 // bytes of K each) on the previous stage, accumulating in fp32 registers. The epilogue stages the
 // fp32 tile through shared memory for 16-byte stores.
@@ -36,14 +39,15 @@
 //
 // Backward-data at stride 1 is this forward kernel on dy (dgrad_as_forward): dx = conv(dy, w')
 // with w'[tap][k][c] = w[taps - 1 - tap][c][k] per group (flipped taps, input and output
-// channels swapped; flip_swap_filter_kernel writes it into the workspace already K-major) and low
+// channels swapped; flip_swap_filter_kernel writes it into the workspace in the layout B is read
+// in: HWIO in 16-bit, K-major in tf32) and low
 // padding dil*(F-1) - pad_lo (negative where pad_lo exceeds the dilated filter extent: the
 // loader's bounds tests see those rows as outside the image).
 //
 // Taken when (wgmma_reason() == ""): forward, or backward-data at stride 1, of
 // IMPLICIT_PRECOMP_GEMM; bf16/f16 in with out = in or f32, or f32 in and out at precision !=
 // HIGHEST; NHWC, unit lhs dilation, and in the forward view Cg % BK == 0 (a K step never straddles
-// two taps: 64 channels in 16-bit, 32 in fp32), Kg % 8 == 0, at most 256 taps; or backward-filter
+// two taps: 64 channels in 16-bit, 32 in fp32), Kg % 8 == 0, at most 32 taps; or backward-filter
 // in 16-bit, NHWC, Cg % 64 == 0, Kg % 8 == 0 (wgrad_reason; its own kernel, below); and the device
 // is sm_90 with sm_90a code built (device_is_sm90). Otherwise conv_gemm_family.cu's mma.sync kernel runs the same algorithm (same family,
 // same tap tables).
@@ -77,17 +81,23 @@ using gemm::cp_async_wait;
 using gemm::smem_u32;
 
 constexpr int kThreads = 128;  // one warpgroup
-constexpr int kMaxTaps = 256;
+constexpr int kMaskTaps = 32;  // filter taps at most (forward, backward-data): TileLoader::a_mask
 constexpr int kPersistentMaxSteps = 4;  // K steps per tile up to which the grid is persistent
 constexpr int kRowBytes = 128;  // K per stage (a K step): one 128-byte swizzle row per tile row
 
-// Input kinds: the wgmma flavour and the element type of x and the transposed filter.
+// Input kinds: the wgmma flavour and the element type of x and the filter.
 enum WgIn { kInBF16, kInF16, kInTF32 };
 template <int IN>
 struct WgType {
   using E = std::conditional_t<IN == kInTF32, float, unsigned short>;
   static constexpr int BK = kRowBytes / sizeof(E);  // K values per stage (64 or 32)
+  static constexpr bool kBmn = IN != kInTF32;  // B MN-major: read from the HWIO filter
 };
+bool b_from_hwio(DType in) { return in != DType::kF32; }  // host: WgType::kBmn
+
+// 128-byte-swizzled MN-major panels (16-bit B in forward / backward-data, both operands in
+// backward-filter): 64 rows of the reduction x 64 channels (128 bytes), a panel per 64 channels.
+constexpr int kPanelBytes = 64 * 128;
 int k_step(DType in) { return kRowBytes / static_cast<int>(dtype_bytes(in)); }  // host: BK
 
 // Geometry of a convolution as the kernels index it (32-bit; the support checks bound it).
@@ -113,7 +123,7 @@ void set_geometry(WgGeom& g, const ConvProblem& pb) {
 
 struct WgParams : WgGeom {
   const void* x;
-  const void* wt;  // [G*Kg][taps*Cg]
+  const void* wt;  // the filter: HWIO [taps*Cg][K] in 16-bit, K-major [G*Kg][taps*Cg] in tf32
   void* y;
   int M, ntap, Kred, tilesM, tilesN;
   int out;  // 0: same 16-bit type as the input, 1: float32 (always for tf32)
@@ -151,17 +161,37 @@ struct WgCfg {
   static constexpr int res_bytes() { return BM * BN * 2; }  // a tile of 16-bit residuals (epi_smem)
 };
 
-// One 32-byte K slice of the stage: k16 for 16-bit types, k8 for tf32.
+// One 32-byte K slice of the stage: k16 for 16-bit types (B MN-major), k8 for tf32 (K-major).
 template <int IN, int BN>
 __device__ __forceinline__ void wg_mma(float (&d)[BN / 2], uint64_t da, uint64_t db) {
   if constexpr (BN == 128) {
     if constexpr (IN == kInTF32) wg::mma_m64n128k8_tf32(d, da, db, 1);
-    else if constexpr (IN == kInF16) wg::mma_m64n128k16_f16(d, da, db, 1);
-    else wg::mma_m64n128k16_bf16(d, da, db, 1);
+    else if constexpr (IN == kInF16) wg::mma_m64n128k16_f16_bmn(d, da, db, 1);
+    else wg::mma_m64n128k16_bf16_bmn(d, da, db, 1);
   } else {
     if constexpr (IN == kInTF32) wg::mma_m64n64k8_tf32(d, da, db, 1);
-    else if constexpr (IN == kInF16) wg::mma_m64n64k16_f16(d, da, db, 1);
-    else wg::mma_m64n64k16_bf16(d, da, db, 1);
+    else if constexpr (IN == kInF16) wg::mma_m64n64k16_f16_bmn(d, da, db, 1);
+    else wg::mma_m64n64k16_bf16_bmn(d, da, db, 1);
+  }
+}
+
+// MN-major, 128-byte swizzle: SBO = 1024 (8-row groups), LBO = the panel stride.
+__device__ __forceinline__ uint64_t sw128_desc_mn(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (uint64_t(kPanelBytes >> 4) << 16) |
+         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// The wgmmas of one stage (A at shared address sa: MB blocks of 64 K-major rows; B at sb) into
+// MB blocks of m64 x BN accumulators: four 32-byte K slices, the A slice 32 bytes into each row,
+// the B slice 32 bytes into each row (K-major) or 16 K rows = 2048 bytes into each panel
+// (MN-major).
+template <int IN, int MB, int BN>
+__device__ __forceinline__ void stage_mma(float (&acc)[MB][BN / 2], uint32_t sa, uint32_t sb) {
+#pragma unroll
+  for (int kk = 0; kk < kRowBytes / 32; ++kk) {
+    const uint64_t db = WgType<IN>::kBmn ? sw128_desc_mn(sb + kk * 2048) : sw128_desc(sb + kk * 32);
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) wg_mma<IN, BN>(acc[mb], sw128_desc(sa + mb * 64 * 128 + kk * 32), db);
   }
 }
 
@@ -263,29 +293,58 @@ __device__ __forceinline__ void fill_tap_table(const WgParams& p, int4* tbl, int
 // The operand loader of one warpgroup (128 threads): thread t = 16-byte chunk column cc of tile
 // rows r0, r0 + 16, ...; every row it touches has the same r % 8, so its swizzled chunk offset is
 // one constant. setup() takes a tile's rows (the A rows' image positions, the B rows' filter
-// offsets) and its first K step; each load() fills one stage (A [BM][128 B], then B [BN][128 B])
-// with the next K step's cp.asyncs, zeros outside the image, and moves the K cursor on.
-// The loads sit on the K loop's critical path (the single-warpgroup kernel issues them between
-// its wgmmas and their wait; the warp-specialized producer does nothing else), so a chunk costs
-// only one offset added to a row pointer, the bounds test and the copy: the row pointers hold
-// everything but the tap's and channel's offset, and a copy outside the image is not clamped
-// (cp_async16_ign reads nothing). The K cursor (tap j, channel c0) steps by BK instead of
-// dividing the K index by Cg each step. SASS (sm_90a): the 64 x 128 tile's K step went from 243
-// instructions to 172, the 128 x 128 tile's from 329 to 233 (session 24).
+// offsets) and its first K step; each load() fills one stage (A [BM][128 B], then B: [BN][128 B]
+// K-major, or in 16-bit BN / 64 MN-major panels of [BK][128 B], rows r0, r0 + 16, .. of each taken
+// from the HWIO filter's rows kb + r) with the next K step's cp.asyncs, zeros outside the image,
+// and moves the K cursor on.
+// A load is on the K loop's critical path (the single-warpgroup kernel issues it between its
+// wgmmas and their wait; the warp-specialized kernel's producer does nothing else), so a chunk
+// costs only one 32-bit offset added to a row pointer, one mask test and the copy:
+// - the row pointers hold all but the tap's and the channel's offset;
+// - the bounds test is bit j of the row's tap mask (a_mask; at most kMaskTaps = 32 taps), built
+//   once per tile from the row's per-axis tests;
+// - a copy outside the image is not clamped (cp_async16_ign reads nothing);
+// - the K cursor (tap j, channel c0) steps by BK, with no division per step.
+// Before (sm_90a SASS): about 9 instructions per A chunk and 8 per B chunk besides the copy; the
+// 64 x 128 tile's K step took 243 instructions, 172 with the row pointers, 147 with the masks.
 template <int IN, int BM, int BN>
 struct TileLoader {
   using E = typename WgType<IN>::E;
   static constexpr int BK = WgType<IN>::BK, VEC = 16 / sizeof(E);
-  static constexpr int RA = BM / 16, RB = BN / 16;  // tile rows per thread (16 rows per pass)
-  static_assert(RB <= 32, "b_ok bits");
+  static constexpr bool kBmn = WgType<IN>::kBmn;
+  static constexpr int RA = BM / 16;  // A tile rows per thread (16 rows per pass)
+  // B rows per thread: of the K step (MN-major: BK / 16, each in every 64-channel panel), or of
+  // the tile
+  static constexpr int RB = kBmn ? BK / 16 : BN / 16;
   int cc, r0, swz;
   const E* a_ptr[RA];  // row i, channel g * Cg + cc * VEC, at the tap offset 0 (maybe outside x)
-  int a_z[RA], a_h[RA], a_w[RA];  // row i's first input position (a_z = INT_MIN / 2: past M)
-  const unsigned char* b_ptr[RB];  // filter row i's bytes, this thread's chunk, K index 0
-  unsigned b_ok;  // bit i: filter row i exists (n < Kg)
-  int j, c0, kb;  // the next load's tap, its channel, its K index
+  unsigned a_mask[RA];  // bit j: tap j lies inside the image for row i (0 past M)
+  // B row i at K index 0, this thread's chunk: MN-major, filter row r0 + 16 i, channel
+  // g * Kg + n_base + cc * VEC of panel 0; K-major, the transposed filter's row n_base + r0 + 16 i
+  const E* b_ptr[RB];
+  unsigned b_ok;  // bit i: filter row i (K-major) or panel i (MN-major) has this chunk (n < Kg)
+  int j, c0;  // the next load's tap and channel: K index kb = j * Cg + c0
+  int b_off;  // the next load's B offset (elements): kb * K (MN-major) or kb
 
   __device__ __forceinline__ explicit TileLoader(int t) : cc(t & 7), r0(t >> 3), swz(((t & 7) ^ ((t >> 3) & 7)) * 16) {}
+
+  // The taps inside the image for a row whose tap 0 sits at (z, h, w): tap (tz, r, s) is bit
+  // (tz * R + r) * S + s, the product of three per-axis tests. ntap <= kMaskTaps (host).
+  __device__ __forceinline__ static unsigned tap_mask(const WgParams& p, int z, int h, int w) {
+    unsigned ws = 0, mk = 0;
+#pragma unroll 1
+    for (int s = 0; s < p.S; ++s)
+      if (static_cast<unsigned>(w + s * p.dil[2]) < static_cast<unsigned>(p.W)) ws |= 1u << s;
+    const int T = p.ntap / (p.R * p.S);
+#pragma unroll 1
+    for (int tz = 0; tz < T; ++tz) {
+      if (static_cast<unsigned>(z + tz * p.dil[0]) >= static_cast<unsigned>(p.D)) continue;
+#pragma unroll 1
+      for (int r = 0; r < p.R; ++r)
+        if (static_cast<unsigned>(h + r * p.dil[1]) < static_cast<unsigned>(p.H)) mk |= ws << ((tz * p.R + r) * p.S);
+    }
+    return mk;
+  }
 
   // tile: the tile index; ks0: its first K step (a split's start, else 0)
   __device__ __forceinline__ void setup(const WgParams& p, int g, int tile, int ks0) {
@@ -296,31 +355,39 @@ struct TileLoader {
 #pragma unroll
     for (int i = 0; i < RA; ++i) {
       const int m = m_base + r0 + 16 * i;
+      a_ptr[i] = x;
+      a_mask[i] = 0;
       if (m < p.M) {
         int t = m;
         const int q = t % p.Q; t /= p.Q;
         const int pp = t % p.P; t /= p.P;
-        const int z = t % p.Z;
-        const int n = t / p.Z;
-        a_z[i] = z * p.str[0] - p.pad[0];
-        a_h[i] = pp * p.str[1] - p.pad[1];
-        a_w[i] = q * p.str[2] - p.pad[2];
-        a_ptr[i] = x + (n * img + ((static_cast<long long>(a_z[i]) * p.H + a_h[i]) * p.W + a_w[i]) * p.C +
+        const int z = (t % p.Z) * p.str[0] - p.pad[0], n = t / p.Z;
+        const int h = pp * p.str[1] - p.pad[1], w = q * p.str[2] - p.pad[2];
+        a_ptr[i] = x + (n * img + ((static_cast<long long>(z) * p.H + h) * p.W + w) * p.C +
                         static_cast<long long>(g) * p.Cg + cc * VEC);
-      } else {
-        a_z[i] = INT_MIN / 2;  // fails every bounds test
-        a_h[i] = a_w[i] = 0;
-        a_ptr[i] = x;
+        a_mask[i] = tap_mask(p, z, h, w);
       }
     }
     b_ok = 0;
+    const int kb = ks0 * BK;
+    if constexpr (kBmn) {
+      const int n = n_base + cc * VEC;
 #pragma unroll
-    for (int i = 0; i < RB; ++i) {
-      const int n = n_base + r0 + 16 * i;
-      if (n < p.Kg) b_ok |= 1u << i;
-      b_ptr[i] = reinterpret_cast<const unsigned char*>(wt + ((static_cast<long long>(g) * p.Kg + n) * p.Kred + cc * VEC));
+      for (int b = 0; b < BN / 64; ++b)
+        if (n + 64 * b < p.Kg) b_ok |= 1u << b;
+#pragma unroll
+      for (int i = 0; i < RB; ++i)
+        b_ptr[i] = wt + (static_cast<long long>(r0 + 16 * i) * p.K + static_cast<long long>(g) * p.Kg + n);
+      b_off = kb * p.K;  // <= Kred * K, the filter's size (< 2^31: forward_reason)
+    } else {
+#pragma unroll
+      for (int i = 0; i < RB; ++i) {
+        const int n = n_base + r0 + 16 * i;
+        if (n < p.Kg) b_ok |= 1u << i;
+        b_ptr[i] = wt + ((static_cast<long long>(g) * p.Kg + n) * p.Kred + cc * VEC);
+      }
+      b_off = kb;
     }
-    kb = ks0 * BK;
     j = kb / p.Cg;
     c0 = kb - j * p.Cg;
   }
@@ -328,19 +395,24 @@ struct TileLoader {
   // The next K step into the stage at As (B at As + BM * 128).
   __device__ __forceinline__ void load(const WgParams& p, const int4* tbl, unsigned char* As) {
     unsigned char* Bs = As + BM * 128;
-    const int4 e = tbl[j];
-    const int off = e.w + c0;  // < 2^31: the image is (forward_reason)
+    const int off = tbl[j].w + c0;  // < 2^31: the image is (forward_reason)
+    const unsigned bit = 1u << j;
 #pragma unroll
-    for (int i = 0; i < RA; ++i) {
-      const bool v = static_cast<unsigned>(a_z[i] + e.x) < static_cast<unsigned>(p.D) &&
-                     static_cast<unsigned>(a_h[i] + e.y) < static_cast<unsigned>(p.H) &&
-                     static_cast<unsigned>(a_w[i] + e.z) < static_cast<unsigned>(p.W);
-      cp_async16_ign(As + (r0 + 16 * i) * 128 + swz, a_ptr[i] + off, v);
+    for (int i = 0; i < RA; ++i) cp_async16_ign(As + (r0 + 16 * i) * 128 + swz, a_ptr[i] + off, a_mask[i] & bit);
+    if constexpr (kBmn) {
+#pragma unroll
+      for (int i = 0; i < RB; ++i) {
+        const E* src = b_ptr[i] + b_off;
+#pragma unroll
+        for (int b = 0; b < BN / 64; ++b)
+          cp_async16_ign(Bs + b * kPanelBytes + (r0 + 16 * i) * 128 + swz, src + 64 * b, b_ok & (1u << b));
+      }
+      b_off += BK * p.K;
+    } else {
+#pragma unroll
+      for (int i = 0; i < RB; ++i) cp_async16_ign(Bs + (r0 + 16 * i) * 128 + swz, b_ptr[i] + b_off, b_ok & (1u << i));
+      b_off += BK;
     }
-#pragma unroll
-    for (int i = 0; i < RB; ++i)
-      cp_async16_ign(Bs + (r0 + 16 * i) * 128 + swz, b_ptr[i] + kb * static_cast<int>(sizeof(E)), b_ok & (1u << i));
-    kb += BK;
     c0 += BK;
     if (c0 == p.Cg) {  // Cg % BK == 0 (forward_reason)
       c0 = 0;
@@ -468,8 +540,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   // of the tile being multiplied.
   TileLoader<IN, BM, BN> ld(tid);
   int ld_tile = blockIdx.x, ld_kt = 0;
-  if (ld_tile < tiles) ld.setup(p, g, ld_tile, kt0);
   __syncthreads();  // tap table
+  if (ld_tile < tiles) ld.setup(p, g, ld_tile, kt0);
 
   // The loader's next K step into stage s (an empty group once every tile is loaded).
   auto load_next = [&](int s) {
@@ -530,13 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
 #pragma unroll
       for (int mb = 0; mb < BM / 64; ++mb) fence_acc(acc[mb]);
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int kk = 0; kk < kRowBytes / 32; ++kk) {  // 32-byte K slices of the 128-byte rows
-        const uint64_t db = sw128_desc(sb + kk * 32);
-#pragma unroll
-        for (int mb = 0; mb < BM / 64; ++mb)
-          wg_mma<IN, BN>(acc[mb], sw128_desc(sa + mb * 64 * 128 + kk * 32), db);
-      }
+      stage_mma<IN, BM / 64, BN>(acc, sa, sb);
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       // refill the stage the previous MMA read while this one runs
       load_next((step + ST - 1) % ST);
@@ -756,12 +822,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) wgmma_conv_fwd_ws_kernel(const 
       const uint32_t sa = smem_u32(smem + s * Cf::STAGE);
       const uint32_t sb = sa + BM * 128;
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int kk = 0; kk < kRowBytes / 32; ++kk) {
-        const uint64_t db = sw128_desc(sb + kk * 32);
-#pragma unroll
-        for (int mb = 0; mb < 2; ++mb) wg_mma<IN, BN>(acc[mb], sw128_desc(sa + mb * 64 * 128 + kk * 32), db);
-      }
+      stage_mma<IN, 2, BN>(acc, sa, sb);
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       if (wait0) {  // this step's wgmmas done: its stage goes back at once
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -841,7 +902,7 @@ __global__ void __launch_bounds__(256) split_reduce_kernel(const WgParams p, int
 // so an A panel is 64 channels of one tap. The pixels are split over blockIdx.y into fp32 partials
 // [split][G][taps*Cg][Kg], which wgrad_reduce_kernel sums in split order (deterministic) into dw.
 constexpr int kPix = 64;  // pixels (reduction) per stage: 64 rows of each operand's panels
-constexpr int kPanelBytes = kPix * 128;
+static_assert(kPanelBytes == kPix * 128, "a panel is a stage's 64 pixel rows");
 
 struct WgWgradParams : WgGeom {
   const void* x;
@@ -852,12 +913,6 @@ struct WgWgradParams : WgGeom {
   int tilesN;
   int steps;  // K steps (kPix pixels each) per split
 };
-
-// MN-major, 128-byte swizzle: SBO = 1024 (8-row groups), LBO = the panel stride.
-__device__ __forceinline__ uint64_t sw128_desc_mn(uint32_t saddr) {
-  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (uint64_t(kPanelBytes >> 4) << 16) |
-         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
 
 template <int IN, int BN>
 __device__ __forceinline__ void wg_mma_mn(float (&d)[BN / 2], uint64_t da, uint64_t db) {
@@ -1008,18 +1063,28 @@ __global__ void __launch_bounds__(256) wgrad_reduce_kernel(const float* __restri
   }
 }
 
-// wt[k][row] = w[row][k]: HWIO filter as a [taps*Cg][K] matrix -> [K][taps*Cg] (K-major B).
-// fp32 values are rounded to TF32 on the way (free here; the activations cannot be: cp.async).
+// Batched transposes of the filter, 32 x 32 tiles through shared memory: for each batch
+// z = tap * G + g (blockIdx.z), wt[dst(z) + c * ld_dst + r] = w[src(z) + r * ld_src + c] over
+// r < rows, c < cols, with src(z) = (taps - 1 - tap) * src_tap + g * src_g (taps reversed) and
+// dst(z) = tap * dst_tap + g * dst_g. fp32 values are rounded to TF32 on the way (free here; the
+// activations cannot be: cp.async).
+struct FilterTranspose {
+  int rows, cols, ld_src, ld_dst, taps, G;
+  long long src_tap, src_g, dst_tap, dst_g;
+};
+
 template <class E>
 __global__ void __launch_bounds__(256) transpose_filter_kernel(const E* __restrict__ w,
-                                                              E* __restrict__ wt, int rows,
-                                                              int cols) {
+                                                              E* __restrict__ wt, FilterTranspose t) {
   __shared__ E tile[32][33];
   const int bx = blockIdx.x * 32, by = blockIdx.y * 32;
+  const int tap = blockIdx.z / t.G, g = blockIdx.z % t.G;
+  w += (t.taps - 1 - tap) * t.src_tap + g * t.src_g;
+  wt += tap * t.dst_tap + g * t.dst_g;
   for (int i = threadIdx.y; i < 32; i += 8) {
     const int r = by + i, c = bx + threadIdx.x;
-    if (r < rows && c < cols) {
-      E v = w[static_cast<long long>(r) * cols + c];
+    if (r < t.rows && c < t.cols) {
+      E v = w[static_cast<long long>(r) * t.ld_src + c];
       if constexpr (std::is_same_v<E, float>) v = __uint_as_float(gemm::to_tf32(v));
       tile[i][threadIdx.x] = v;
     }
@@ -1027,13 +1092,14 @@ __global__ void __launch_bounds__(256) transpose_filter_kernel(const E* __restri
   __syncthreads();
   for (int i = threadIdx.y; i < 32; i += 8) {
     const int c = bx + i, r = by + threadIdx.x;
-    if (r < rows && c < cols) wt[static_cast<long long>(c) * rows + r] = tile[threadIdx.x][i];
+    if (r < t.rows && c < t.cols) wt[static_cast<long long>(c) * t.ld_dst + r] = tile[threadIdx.x][i];
   }
 }
 
-// Backward-data's filter in the forward view, K-major: wt[g*Cg + c][tap*Kg + k] =
+// Backward-data's filter in the forward view, K-major (tf32): wt[g*Cg + c][tap*Kg + k] =
 // w[taps - 1 - tap][c][g*Kg + k] (HWIO w; the flat tap index reversed flips every spatial axis).
-// Both sides are contiguous along k. fp32 values are rounded to TF32, as in the transpose.
+// Both sides are contiguous along k. fp32 values are rounded to TF32, as in the transpose. (In
+// 16-bit the view's filter is HWIO: transpose_filter_kernel, one [Cg][Kg] block per tap and group.)
 template <class E>
 __global__ void __launch_bounds__(256) flip_swap_filter_kernel(const E* __restrict__ w,
                                                               E* __restrict__ wt, long long total,
@@ -1074,7 +1140,7 @@ std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStre
   auto kern = wgmma_conv_fwd_kernel<IN, BM, BN>;
   static std::atomic<unsigned long long> attr_done{0};
   int dev = 0;
-  const int smem_max = Cf::PIPE + std::max(Cf::res_bytes(), Cf::C_BYTES) + kMaxTaps * 16;
+  const int smem_max = Cf::PIPE + std::max(Cf::res_bytes(), Cf::C_BYTES) + kMaskTaps * 16;
   if (std::string err = allow_smem(kern, smem_max, attr_done, &dev); !err.empty()) return err;
   cudaError_t e;
   // CTAs per SM at `smem` bytes, queried once per (device, size): a launch must not pay a driver
@@ -1141,7 +1207,7 @@ std::string launch_ws(WgParams p, int groups, cudaStream_t st) {
   auto kern = wgmma_conv_fwd_ws_kernel<IN, BN>;
   static std::atomic<unsigned long long> attr_done{0};
   int dev = 0, sms = 0;
-  if (std::string err = allow_smem(kern, Cf::TBL + kMaxTaps * 16, attr_done, &dev); !err.empty()) return err;
+  if (std::string err = allow_smem(kern, Cf::TBL + kMaskTaps * 16, attr_done, &dev); !err.empty()) return err;
   cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (e != cudaSuccess) return std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e);
   p.tilesM = (p.M + Cf::BM - 1) / Cf::BM;
@@ -1193,13 +1259,16 @@ std::string forward_reason(const CudaConvCall& c) {
   if (c.out != c.in && c.out != DType::kF32) return "result dtype";
   if (pb.layout != Layout::kNHWC || !pb.unit_lhs_dilation()) return "layout or lhs dilation";
   if (pb.Cg() % k_step(c.in) != 0 || pb.Kg() % 8 != 0) return "channels per group";
-  if (pb.filt_taps() > kMaxTaps) return "too many taps";
+  if (pb.filt_taps() > kMaskTaps) return "more than 32 filter taps";
   if (pb.x_elems() == 0 || pb.y_elems() == 0 || pb.w_elems() == 0) return "empty operand";
   const long long img = pb.in[0] * pb.in[1] * pb.in[2] * pb.C;
   if (img > INT_MAX || pb.N * pb.out_pixels() > INT_MAX || pb.w_elems() > INT_MAX ||
       pb.filt_taps() * pb.Cg() > INT_MAX / 2 || (pb.K + 31) / 32 > INT_MAX)
     return "sizes beyond 32-bit index math";
-  if ((pb.filt_taps() * pb.Cg() + 31) / 32 > 65535) return "filter too large for the transpose grid";
+  if (!b_from_hwio(c.in) && (pb.filt_taps() * pb.Cg() + 31) / 32 > 65535)
+    return "filter too large for the transpose grid";
+  if (b_from_hwio(c.in) && ((std::max(pb.Cg(), pb.Kg()) + 31) / 32 > 65535 || pb.filt_taps() * pb.G > 65535))
+    return "filter too large for the transpose grid";  // backward-data's flip (transpose_filter_kernel)
   return "";
 }
 
@@ -1336,8 +1405,12 @@ FwdPlan fwd_plan(const CudaConvCall& f) {  // f: the forward view (as_forward)
 }
 
 // The workspace of the forward kernel: the rearranged filter, then split-K's fp32 partials.
-size_t filter_bytes(const CudaConvCall& c) {
-  return align256(static_cast<size_t>(c.problem.w_elems()) * dtype_bytes(c.in));
+// The workspace's copy of the filter (call: the user's op, not the forward view): none where B is
+// the HWIO filter itself (16-bit forward); else the transposed (tf32) or flipped and
+// channel-swapped (backward-data) filter.
+size_t filter_bytes(const CudaConvCall& call) {
+  if (call.op == ConvOp::kForward && b_from_hwio(call.in)) return 0;
+  return align256(static_cast<size_t>(call.problem.w_elems()) * dtype_bytes(call.in));
 }
 
 }  // namespace
@@ -1368,7 +1441,7 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   const CudaConvCall c = as_forward(call);  // backward-data: dy in, dx out, w' (flip_swap)
   const ConvProblem& pb = c.problem;
   const size_t need = wgmma_workspace_bytes(call);
-  if (io.workspace == nullptr || io.workspace_size < need) {
+  if (need > 0 && (io.workspace == nullptr || io.workspace_size < need)) {  // 0: 16-bit forward, no split
     *err = "workspace too small for the wgmma kernel";
     return true;
   }
@@ -1382,7 +1455,7 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
   }
   WgParams p{};
   p.x = io.a;
-  p.wt = io.workspace;
+  p.wt = filter_bytes(call) ? io.workspace : io.b;
   p.y = io.out;
   set_geometry(p, pb);
   p.M = static_cast<int>(pb.N * pb.out_pixels());
@@ -1394,33 +1467,43 @@ bool wgmma_try(const CudaConvCall& call, const CudaConvBuffers& io, std::string*
     if ((reinterpret_cast<uintptr_t>(q) & 15) != 0) return false;  // the mma.sync kernel runs
 
   const int in = c.in == DType::kF32 ? kInTF32 : c.in == DType::kF16 ? kInF16 : kInBF16;
-  auto filter = [&](auto* w, auto* wt) {  // B = the filter, K-major: [G*Kg][taps*Cg]
-    using E = std::remove_const_t<std::remove_pointer_t<decltype(w)>>;
-    if (call.op == ConvOp::kBackwardData) {  // view Cg, Kg = the call's Kg, Cg
+  // B: the 16-bit forward reads the HWIO filter as it is; else it goes into the workspace
+  // (filter_bytes), in the forward view's layout for B: [taps*Cg][K] HWIO (16-bit) or [G*Kg][taps*Cg]
+  // K-major (tf32). Backward-data's view: Cg, Kg = the call's Kg, Cg, taps flipped.
+  auto transpose = [&](auto* w, auto* wt, const FilterTranspose& t) {
+    const dim3 tb(32, 8), tg(static_cast<unsigned>((t.cols + 31) / 32), static_cast<unsigned>((t.rows + 31) / 32),
+                             static_cast<unsigned>(t.taps * t.G));
+    transpose_filter_kernel<<<tg, tb, 0, io.stream>>>(w, wt, t);
+  };
+  const int G = static_cast<int>(pb.G);
+  if (in == kInTF32) {
+    const float* w = static_cast<const float*>(io.b);
+    float* wt = static_cast<float*>(io.workspace);
+    if (call.op == ConvOp::kBackwardData) {
       const long long total = pb.w_elems();
       const int blocks = static_cast<int>(std::min<long long>((total + 255) / 256, 132LL * 16));
-      flip_swap_filter_kernel<E><<<blocks, 256, 0, io.stream>>>(w, wt, total, p.ntap, p.Kg, p.Cg,
-                                                                static_cast<int>(pb.G));
+      flip_swap_filter_kernel<<<blocks, 256, 0, io.stream>>>(w, wt, total, p.ntap, p.Kg, p.Cg, G);
     } else {
-      dim3 tb(32, 8), tg(static_cast<unsigned>((p.K + 31) / 32), static_cast<unsigned>((p.Kred + 31) / 32));
-      transpose_filter_kernel<E><<<tg, tb, 0, io.stream>>>(w, wt, p.Kred, p.K);
+      transpose(w, wt, FilterTranspose{p.Kred, p.K, p.K, p.Kred, 1, 1, 0, 0, 0, 0});
     }
-  };
-  if (in == kInTF32)
-    filter(static_cast<const float*>(io.b), static_cast<float*>(io.workspace));
-  else
-    filter(static_cast<const unsigned short*>(io.b), static_cast<unsigned short*>(io.workspace));
+  } else if (call.op == ConvOp::kBackwardData) {
+    // view filter [tap][k][g*Cg + c] = w[taps - 1 - tap][c][g*Kg + k] (the call's Cg, Kg = p.Kg,
+    // p.Cg): per tap and group, the [Cg][Kg] block (row pitch K = G*Kg) transposed
+    const long long Kw = static_cast<long long>(G) * p.Cg;  // the call's K
+    transpose(static_cast<const unsigned short*>(io.b), static_cast<unsigned short*>(io.workspace),
+              FilterTranspose{p.Kg, p.Cg, static_cast<int>(Kw), p.K, p.ntap, G,
+                              p.Kg * Kw, p.Cg, static_cast<long long>(p.Cg) * p.K, p.Kg});
+  }
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     *err = std::string("filter transpose launch: ") + cudaGetErrorString(e);
     return true;
   }
-  const int G = static_cast<int>(pb.G);
   const FwdPlan plan = fwd_plan(c);
   const int tile = plan.tile;
   p.tilesN = plan.tilesN;
   p.tilesM = plan.tilesM;
-  p.part = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(io.workspace) + filter_bytes(c))
+  p.part = plan.splits > 1 ? reinterpret_cast<float*>(static_cast<char*>(io.workspace) + filter_bytes(call))
                            : nullptr;
   p.ksplit = plan.ksplit;
   // Biases into the accumulators, except under split-K (its reduce adds them once) and with a
