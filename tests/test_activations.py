@@ -179,7 +179,7 @@ def test_16bit_relu_and_clipped_relu_over_every_word(dtype):
   float32 paths see them as zeros where the thread runs denormals-are-zero, as XLA:CPU's do."""
   words = np.arange(1 << 16, dtype=np.uint16)
   mag = words.view(dtype).astype(np.float32)
-  words = words[~((mag != 0) & (np.abs(mag) < np.finfo(dtype).smallest_normal))]
+  words = words[~((mag != 0) & (np.abs(mag) < jnp.finfo(dtype).smallest_normal))]
   x = jnp.asarray(words.view(dtype))
   x32 = words.view(dtype).astype(np.float32)
   nan = np.isnan(x32)
