@@ -47,7 +47,7 @@
 // Taken when (wgmma_reason() == ""): forward, or backward-data at stride 1, of
 // IMPLICIT_PRECOMP_GEMM; bf16/f16 in with out = in or f32, or f32 in and out at precision !=
 // HIGHEST; NHWC, unit lhs dilation, and in the forward view Cg % BK == 0 (a K step never straddles
-// two taps: 64 channels in 16-bit, 32 in fp32), Kg % 8 == 0, at most 32 taps; or backward-filter
+// two taps: 64 channels in 16-bit, 32 in fp32), Kg % 8 == 0, at most 256 taps; or backward-filter
 // in 16-bit, NHWC, Cg % 64 == 0, Kg % 8 == 0 (wgrad_reason; its own kernel, below); and the device
 // is sm_90 with sm_90a code built (device_is_sm90). Otherwise conv_gemm_family.cu's mma.sync kernel runs the same algorithm (same family,
 // same tap tables).
@@ -81,7 +81,7 @@ using gemm::cp_async_wait;
 using gemm::smem_u32;
 
 constexpr int kThreads = 128;  // one warpgroup
-constexpr int kMaskTaps = 32;  // filter taps at most (forward, backward-data): TileLoader::a_mask
+constexpr int kMaxTaps = 256;
 constexpr int kPersistentMaxSteps = 4;  // K steps per tile up to which the grid is persistent
 constexpr int kRowBytes = 128;  // K per stage (a K step): one 128-byte swizzle row per tile row
 
@@ -299,14 +299,15 @@ __device__ __forceinline__ void fill_tap_table(const WgParams& p, int4* tbl, int
 // and moves the K cursor on.
 // A load is on the K loop's critical path (the single-warpgroup kernel issues it between its
 // wgmmas and their wait; the warp-specialized kernel's producer does nothing else), so a chunk
-// costs only one 32-bit offset added to a row pointer, one mask test and the copy:
+// costs only one 32-bit offset added to a row pointer, the bounds test and the copy:
 // - the row pointers hold all but the tap's and the channel's offset;
-// - the bounds test is bit j of the row's tap mask (a_mask; at most kMaskTaps = 32 taps), built
-//   once per tile from the row's per-axis tests;
 // - a copy outside the image is not clamped (cp_async16_ign reads nothing);
 // - the K cursor (tap j, channel c0) steps by BK, with no division per step.
-// Before (sm_90a SASS): about 9 instructions per A chunk and 8 per B chunk besides the copy; the
-// 64 x 128 tile's K step took 243 instructions, 172 with the row pointers, 147 with the masks.
+// SASS (sm_90a): the 64 x 128 tile's K step went from 243 instructions to 172, the 128 x 128
+// tile's from 329 to 233 (session 24). Per-row tap masks built once per tile (one bit test per
+// chunk instead of three bounds tests; at most 32 taps) cut it to 136 but measured slower on the
+// H100 (session 26: tf32 forward 7-15 %, 16-bit backward-data 5-14 % on the ResNet-50 3x3 and
+// 1x1 layers), so the tests stay.
 template <int IN, int BM, int BN>
 struct TileLoader {
   using E = typename WgType<IN>::E;
@@ -318,7 +319,7 @@ struct TileLoader {
   static constexpr int RB = kBmn ? BK / 16 : BN / 16;
   int cc, r0, swz;
   const E* a_ptr[RA];  // row i, channel g * Cg + cc * VEC, at the tap offset 0 (maybe outside x)
-  unsigned a_mask[RA];  // bit j: tap j lies inside the image for row i (0 past M)
+  int a_z[RA], a_h[RA], a_w[RA];  // row i's first input position (a_z = INT_MIN / 2: past M)
   // B row i at K index 0, this thread's chunk: MN-major, filter row r0 + 16 i, channel
   // g * Kg + n_base + cc * VEC of panel 0; K-major, the transposed filter's row n_base + r0 + 16 i
   const E* b_ptr[RB];
@@ -327,24 +328,6 @@ struct TileLoader {
   int b_off;  // the next load's B offset (elements): kb * K (MN-major) or kb
 
   __device__ __forceinline__ explicit TileLoader(int t) : cc(t & 7), r0(t >> 3), swz(((t & 7) ^ ((t >> 3) & 7)) * 16) {}
-
-  // The taps inside the image for a row whose tap 0 sits at (z, h, w): tap (tz, r, s) is bit
-  // (tz * R + r) * S + s, the product of three per-axis tests. ntap <= kMaskTaps (host).
-  __device__ __forceinline__ static unsigned tap_mask(const WgParams& p, int z, int h, int w) {
-    unsigned ws = 0, mk = 0;
-#pragma unroll 1
-    for (int s = 0; s < p.S; ++s)
-      if (static_cast<unsigned>(w + s * p.dil[2]) < static_cast<unsigned>(p.W)) ws |= 1u << s;
-    const int T = p.ntap / (p.R * p.S);
-#pragma unroll 1
-    for (int tz = 0; tz < T; ++tz) {
-      if (static_cast<unsigned>(z + tz * p.dil[0]) >= static_cast<unsigned>(p.D)) continue;
-#pragma unroll 1
-      for (int r = 0; r < p.R; ++r)
-        if (static_cast<unsigned>(h + r * p.dil[1]) < static_cast<unsigned>(p.H)) mk |= ws << ((tz * p.R + r) * p.S);
-    }
-    return mk;
-  }
 
   // tile: the tile index; ks0: its first K step (a split's start, else 0)
   __device__ __forceinline__ void setup(const WgParams& p, int g, int tile, int ks0) {
@@ -355,17 +338,21 @@ struct TileLoader {
 #pragma unroll
     for (int i = 0; i < RA; ++i) {
       const int m = m_base + r0 + 16 * i;
-      a_ptr[i] = x;
-      a_mask[i] = 0;
       if (m < p.M) {
         int t = m;
         const int q = t % p.Q; t /= p.Q;
         const int pp = t % p.P; t /= p.P;
-        const int z = (t % p.Z) * p.str[0] - p.pad[0], n = t / p.Z;
-        const int h = pp * p.str[1] - p.pad[1], w = q * p.str[2] - p.pad[2];
-        a_ptr[i] = x + (n * img + ((static_cast<long long>(z) * p.H + h) * p.W + w) * p.C +
+        const int z = t % p.Z;
+        const int n = t / p.Z;
+        a_z[i] = z * p.str[0] - p.pad[0];
+        a_h[i] = pp * p.str[1] - p.pad[1];
+        a_w[i] = q * p.str[2] - p.pad[2];
+        a_ptr[i] = x + (n * img + ((static_cast<long long>(a_z[i]) * p.H + a_h[i]) * p.W + a_w[i]) * p.C +
                         static_cast<long long>(g) * p.Cg + cc * VEC);
-        a_mask[i] = tap_mask(p, z, h, w);
+      } else {
+        a_z[i] = INT_MIN / 2;  // fails every bounds test
+        a_h[i] = a_w[i] = 0;
+        a_ptr[i] = x;
       }
     }
     b_ok = 0;
@@ -395,10 +382,15 @@ struct TileLoader {
   // The next K step into the stage at As (B at As + BM * 128).
   __device__ __forceinline__ void load(const WgParams& p, const int4* tbl, unsigned char* As) {
     unsigned char* Bs = As + BM * 128;
-    const int off = tbl[j].w + c0;  // < 2^31: the image is (forward_reason)
-    const unsigned bit = 1u << j;
+    const int4 e = tbl[j];
+    const int off = e.w + c0;  // < 2^31: the image is (forward_reason)
 #pragma unroll
-    for (int i = 0; i < RA; ++i) cp_async16_ign(As + (r0 + 16 * i) * 128 + swz, a_ptr[i] + off, a_mask[i] & bit);
+    for (int i = 0; i < RA; ++i) {
+      const bool v = static_cast<unsigned>(a_z[i] + e.x) < static_cast<unsigned>(p.D) &&
+                     static_cast<unsigned>(a_h[i] + e.y) < static_cast<unsigned>(p.H) &&
+                     static_cast<unsigned>(a_w[i] + e.z) < static_cast<unsigned>(p.W);
+      cp_async16_ign(As + (r0 + 16 * i) * 128 + swz, a_ptr[i] + off, v);
+    }
     if constexpr (kBmn) {
 #pragma unroll
       for (int i = 0; i < RB; ++i) {
@@ -540,8 +532,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_conv_fwd_kernel(const WgPar
   // of the tile being multiplied.
   TileLoader<IN, BM, BN> ld(tid);
   int ld_tile = blockIdx.x, ld_kt = 0;
-  __syncthreads();  // tap table
   if (ld_tile < tiles) ld.setup(p, g, ld_tile, kt0);
+  __syncthreads();  // tap table
 
   // The loader's next K step into stage s (an empty group once every tile is loaded).
   auto load_next = [&](int s) {
@@ -1140,7 +1132,7 @@ std::string launch(WgParams p, int groups, bool persistent, int splits, cudaStre
   auto kern = wgmma_conv_fwd_kernel<IN, BM, BN>;
   static std::atomic<unsigned long long> attr_done{0};
   int dev = 0;
-  const int smem_max = Cf::PIPE + std::max(Cf::res_bytes(), Cf::C_BYTES) + kMaskTaps * 16;
+  const int smem_max = Cf::PIPE + std::max(Cf::res_bytes(), Cf::C_BYTES) + kMaxTaps * 16;
   if (std::string err = allow_smem(kern, smem_max, attr_done, &dev); !err.empty()) return err;
   cudaError_t e;
   // CTAs per SM at `smem` bytes, queried once per (device, size): a launch must not pay a driver
@@ -1207,7 +1199,7 @@ std::string launch_ws(WgParams p, int groups, cudaStream_t st) {
   auto kern = wgmma_conv_fwd_ws_kernel<IN, BN>;
   static std::atomic<unsigned long long> attr_done{0};
   int dev = 0, sms = 0;
-  if (std::string err = allow_smem(kern, Cf::TBL + kMaskTaps * 16, attr_done, &dev); !err.empty()) return err;
+  if (std::string err = allow_smem(kern, Cf::TBL + kMaxTaps * 16, attr_done, &dev); !err.empty()) return err;
   cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (e != cudaSuccess) return std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e);
   p.tilesM = (p.M + Cf::BM - 1) / Cf::BM;
@@ -1259,7 +1251,7 @@ std::string forward_reason(const CudaConvCall& c) {
   if (c.out != c.in && c.out != DType::kF32) return "result dtype";
   if (pb.layout != Layout::kNHWC || !pb.unit_lhs_dilation()) return "layout or lhs dilation";
   if (pb.Cg() % k_step(c.in) != 0 || pb.Kg() % 8 != 0) return "channels per group";
-  if (pb.filt_taps() > kMaskTaps) return "more than 32 filter taps";
+  if (pb.filt_taps() > kMaxTaps) return "too many taps";
   if (pb.x_elems() == 0 || pb.y_elems() == 0 || pb.w_elems() == 0) return "empty operand";
   const long long img = pb.in[0] * pb.in[1] * pb.in[2] * pb.C;
   if (img > INT_MAX || pb.N * pb.out_pixels() > INT_MAX || pb.w_elems() > INT_MAX ||
