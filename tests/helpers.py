@@ -143,9 +143,11 @@ def listed_families(msg: str) -> set[str]:
   return {name.strip(" .") for name in tail.split(",")}
 
 
-def general_families_for(lhs_dilation=None) -> tuple:
+def general_families_for(lhs_dilation=None, window_strides=None) -> tuple:
   """The general families that take a problem with this lhs_dilation on the current backend:
-  all four, except that the CUDA GEMM families refuse lhs_dilation > 1 (DIRECT takes it)."""
-  if LOWERING_PLATFORM == "cuda" and lhs_dilation is not None and max(lhs_dilation) > 1:
+  all four, except that the CUDA GEMM families take lhs_dilation > 1 only with unit window
+  strides (as the backward-data of a strided convolution; DIRECT takes every case)."""
+  if (LOWERING_PLATFORM == "cuda" and lhs_dilation is not None and max(lhs_dilation) > 1 and
+      window_strides is not None and max(window_strides) > 1):
     return (jaxdnn.ConvAlgo.DIRECT,)
   return GENERAL_FAMILIES

@@ -235,7 +235,7 @@ def test_unsupported_geometry_raises_naming_families_that_can(kwargs, reason, al
   msg = str(info.value)
   assert f"algo={algo.name}" in msg and f"{algo.name} {reason}" in msg, msg
   listed = listed_families(msg)
-  assert set(general_families_for(kwargs.get("lhs_dilation"))) <= {
+  assert set(general_families_for(kwargs.get("lhs_dilation"), kwargs.get("window_strides"))) <= {
       jaxdnn.ConvAlgo[n] for n in listed}, msg
   assert FFT.name not in listed and TILING.name not in listed, msg
   # `auto` never picks it there, and still runs.

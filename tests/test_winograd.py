@@ -185,7 +185,7 @@ def test_unsupported_geometry_raises_naming_families_that_can(kwargs, filt, reas
   msg = str(info.value)
   assert "algo=WINOGRAD_NONFUSED" in msg and reason in msg, msg
   listed = listed_families(msg)
-  for family in general_families_for(kwargs.get("lhs_dilation")):
+  for family in general_families_for(kwargs.get("lhs_dilation"), kwargs.get("window_strides")):
     assert family.name in listed, msg
   assert WINO.name not in listed and FUSED.name not in listed, msg
   with pytest.raises(ValueError, match=reason):

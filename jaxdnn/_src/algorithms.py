@@ -260,13 +260,10 @@ DEFAULT_EPILOGUE_FAMILIES = (ConvAlgo.IMPLICIT_GEMM, ConvAlgo.IMPLICIT_PRECOMP_G
                              ConvAlgo.GEMM, ConvAlgo.DIRECT)
 
 
-def unsupported_reason(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
-                       batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
-                       precision: MathPrecision, *, fused: bool = False) -> str:
-  """"" when `algo` can run on `platform` for this problem, else the reason.
-
-  fused: the forward convolution with an epilogue (op must be FORWARD).
-  """
+def _native_reason(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
+                   batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
+                   precision: MathPrecision, *, fused: bool = False) -> str:
+  """"" when the backend's kernels of `algo` take this problem as it is, else the reason."""
   module = ffi.extension(platform)
   if module is None:
     return f"jaxdnn has no {platform} kernels in this build"
@@ -279,6 +276,46 @@ def unsupported_reason(platform: str, op: ConvOp, algo: ConvAlgo, geometry: Conv
     if algo_family(algo) not in DEFAULT_EPILOGUE_FAMILIES:
       return f"{algo.name} carries no fused epilogue on {platform}"
   return module.can_implement(*args)
+
+
+# A transposed convolution (lhs_dilation > 1, window strides 1) runs as the other face of a
+# strided convolution (ConvGeometry.lhs_dilation_as_stride) where the family's kernels do not
+# take lhs dilation themselves (the CUDA GEMM families): forward -> backward-data, backward-data
+# -> forward, backward-filter -> backward-filter with the operands swapped.
+MAPPED_OP = {ConvOp.FORWARD: ConvOp.BACKWARD_DATA, ConvOp.BACKWARD_DATA: ConvOp.FORWARD,
+             ConvOp.BACKWARD_FILTER: ConvOp.BACKWARD_FILTER}
+# Tests set this to run the mapping even where the kernels take lhs dilation (the CPU's).
+map_lhs_dilation_always = False
+
+
+def lhs_dilation_mapping(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
+                         batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
+                         precision: MathPrecision) -> ConvGeometry | None:
+  """The strided geometry Q that `algo` runs this problem through (MAPPED_OP[op] on Q, with
+  channels and out_channels exchanged), or None: where it runs the problem as it is, or where
+  neither works."""
+  q = geometry.lhs_dilation_as_stride()
+  if q is None:
+    return None
+  args = (batch, channels, out_channels, in_dtype, out_dtype, precision)
+  if not map_lhs_dilation_always and not _native_reason(platform, op, algo, geometry, *args):
+    return None
+  q_args = (batch, out_channels, channels, in_dtype, out_dtype, precision)
+  return None if _native_reason(platform, MAPPED_OP[op], algo, q, *q_args) else q
+
+
+def unsupported_reason(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
+                       batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
+                       precision: MathPrecision, *, fused: bool = False) -> str:
+  """"" when `algo` can run on `platform` for this problem, else the reason.
+
+  fused: the forward convolution with an epilogue (op must be FORWARD).
+  """
+  args = (geometry, batch, channels, out_channels, in_dtype, out_dtype, precision)
+  why = _native_reason(platform, op, algo, *args, fused=fused)
+  if why and not fused and lhs_dilation_mapping(platform, op, algo, *args) is not None:
+    return ""
+  return why
 
 
 def supported_algorithms(platform: str, op: ConvOp, geometry: ConvGeometry, batch: int,
@@ -294,6 +331,12 @@ def supported_algorithms(platform: str, op: ConvOp, geometry: ConvGeometry, batc
 def workspace_bytes(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeometry,
                     batch: int, channels: int, out_channels: int, in_dtype, out_dtype,
                     precision: MathPrecision, *, fused: bool = False) -> int:
+  if not fused:
+    q = lhs_dilation_mapping(platform, op, algo, geometry, batch, channels, out_channels,
+                             in_dtype, out_dtype, precision)
+    if q is not None:
+      return workspace_bytes(platform, MAPPED_OP[op], algo, q, batch, out_channels, channels,
+                             in_dtype, out_dtype, precision)
   module = ffi.extension(platform)
   args = _query_args(op, algo, geometry, batch, channels, out_channels, in_dtype, out_dtype,
                      precision)

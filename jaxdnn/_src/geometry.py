@@ -142,6 +142,33 @@ class ConvGeometry:
         stride=arr(self.stride), rhs_dilation=arr(self.rhs_dilation),
         lhs_dilation=arr(self.lhs_dilation), pad_lo=arr(self.pad_lo), pad_hi=arr(self.pad_hi))
 
+  # ---- a transposed convolution as the backward-data of a strided one ----
+  def lhs_dilation_as_stride(self) -> ConvGeometry | None:
+    """The strided geometry Q whose backward-data is this lhs-dilated forward, or None.
+
+    With window strides 1 and lhs_dilation s (a transposed convolution), per axis
+      y[i] = sum_f w[f] x[o]  over  o*s = i + f*d - pad_lo,
+    and with the taps flipped (f' = F-1-f) that is i = o*s + f'*d - ((F-1)*d - pad_lo): the
+    backward-data of a convolution of stride s, rhs dilation d and padding (F-1)*d - pad on each
+    side (negative where pad exceeds the dilated filter), applied to x with the flipped,
+    channel-swapped filter (flip_swap_filter). Its output extent is exactly this input's. So
+    F_P(x, w) = D_Q(x, w'), D_P(dy, w) = F_Q(dy, w') and W_P(x, dy) = flip_swap(W_Q(dy, x)) (the
+    trilinear form, design.md section 2). None where the identity does not apply: unit
+    lhs_dilation, a window stride > 1, or an empty axis.
+    """
+    if all(v == 1 for v in self.lhs_dilation) or any(v != 1 for v in self.stride):
+      return None
+    out = self.out_spatial
+    if min(self.in_spatial) <= 0 or min(out) <= 0:
+      return None
+    reach = tuple((f - 1) * d for f, d in zip(self.filter_spatial, self.rhs_dilation))
+    q = self.replace(in_spatial=out, stride=self.lhs_dilation,
+                     lhs_dilation=(1,) * self.spatial_dims,
+                     pad_lo=tuple(r - p for r, p in zip(reach, self.pad_lo)),
+                     pad_hi=tuple(r - p for r, p in zip(reach, self.pad_hi)))
+    assert q.out_spatial == tuple(self.in_spatial), (self, q)
+    return q
+
   def flops(self, batch: int, channels: int, out_channels: int) -> int:
     """2 * multiply-adds of the forward convolution (the same for all three operations)."""
     return (2 * batch * int(np.prod(self.out_spatial)) * out_channels *

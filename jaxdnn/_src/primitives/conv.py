@@ -324,6 +324,34 @@ def tile_attribute(algo) -> dict:
   return {"tile": np.int32(tile)} if tile else {}
 
 
+def flip_swap_filter(w, geometry: ConvGeometry):
+  """w'[f'][k][g, c] = w[F-1-f'][c][g, k]: the taps reversed on every spatial axis and, within
+  each group, input and output channels exchanged (native filter layout). Its own inverse."""
+  i_ax, o_ax, groups = geometry.filter_in_axis, geometry.filter_out_axis, geometry.groups
+  w = jnp.flip(w, tuple(a for a in range(w.ndim) if a not in (i_ax, o_ax)))
+  w = jnp.moveaxis(w, (i_ax, o_ax), (-2, -1))
+  *spatial, cg, k = w.shape
+  kg = k // groups
+  w = w.reshape(*spatial, cg, groups, kg)
+  w = jnp.transpose(w, (*range(len(spatial)), w.ndim - 1, w.ndim - 2, w.ndim - 3))  # Kg, G, Cg
+  w = w.reshape(*spatial, kg, groups * cg)
+  return jnp.moveaxis(w, (-2, -1), (i_ax, o_ax))
+
+
+def _lhs_dilated_call(op, platform, a, b, q, *, geometry, **params):
+  """A transposed convolution through the other face of the strided geometry q
+  (ConvGeometry.lhs_dilation_as_stride, algorithms.MAPPED_OP)."""
+  if op == ConvOp.FORWARD:  # F_P(x, w) = D_Q(x, w')
+    return _ffi_call(ConvOp.BACKWARD_DATA, platform, a, flip_swap_filter(b, geometry),
+                     geometry=q, **params)
+  if op == ConvOp.BACKWARD_DATA:  # D_P(dy, w) = F_Q(dy, w')
+    return _ffi_call(ConvOp.FORWARD, platform, a, flip_swap_filter(b, geometry), geometry=q,
+                     **params)
+  # W_P(x, dy) = flip_swap(W_Q(dy, x))
+  return flip_swap_filter(_ffi_call(ConvOp.BACKWARD_FILTER, platform, b, a, geometry=q, **params),
+                          q)
+
+
 def _ffi_call(op, platform, a, b, *, geometry, algo, precision, out_dtype):
   n, c, k = problem_sizes(op, a.shape, b.shape, geometry)
   out_shape = _expected_operand_shapes(op, n, c, k, geometry)[2]
@@ -332,6 +360,11 @@ def _ffi_call(op, platform, a, b, *, geometry, algo, precision, out_dtype):
   kin, kout = _kernel_dtypes(a.dtype, out_dtype)
   chosen = algorithms.choose_algorithm(platform, op, algo, geometry, n, c, k, kin, kout,
                                        precision)
+  q = algorithms.lhs_dilation_mapping(platform, op, chosen, geometry, n, c, k, kin, kout,
+                                      precision)
+  if q is not None:
+    return _lhs_dilated_call(op, platform, a, b, q, geometry=geometry, algo=chosen,
+                             precision=precision, out_dtype=out_dtype)
   ws = algorithms.workspace_bytes(platform, op, chosen, geometry, n, c, k, kin, kout, precision)
   if op == ConvOp.BACKWARD_FILTER:
     b = b.astype(kin)
