@@ -294,6 +294,10 @@ int run_checks(bool quick, const std::string& ops, const std::string& only) {
     add("2d_c64k128_s2", make_problem(L, 2, 2, 64, 128, 1, {16, 16}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}));
     add("dw_c8", make_problem(L, 2, 2, 8, 8, 8, {9, 9}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}));
     add("negpad", make_problem(L, 2, 1, 8, 8, 1, {10, 10}, {3, 3}, {1, 1}, {1, 1}, {-1, 0}, {-1, 1}));
+    // strided with negative padding: a transposed convolution's strided view (jaxdnn runs an
+    // lhs-dilated problem as this problem's backward-data / forward / backward-filter, with
+    // padding (F-1)*d - pad, negative where pad exceeds the dilated filter)
+    add("negpad_s2x3_d2", make_problem(L, 2, 2, 8, 12, 1, {9, 10}, {3, 3}, {2, 3}, {1, 2}, {-1, 0}, {1, -2}));
     add("c5k7_5x5_s3_d2", make_problem(L, 2, 2, 5, 7, 1, {17, 16}, {5, 5}, {3, 3}, {2, 2}, {3, 3}, {2, 3}));
     add("splitk_c256k128_7x7", make_problem(L, 2, 1, 256, 128, 1, {7, 7}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}));
     add("g4_c32k64_s2", make_problem(L, 2, 2, 32, 64, 4, {12, 12}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}));
