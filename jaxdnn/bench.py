@@ -12,7 +12,7 @@ forward, so only the backward convolution is computed, for jaxdnn and lax alike.
     python -m jaxdnn.bench                          # ResNet-50/VGG set for this platform, float32
     jaxdnn-bench --set sweep --ops fwd --plot sweep  # filter/channel/batch sweeps, two PNGs
     jaxdnn-bench --platform gpu --dtypes bf16,tf32,fp32 --csv out.csv --markdown out.md
-    jaxdnn-bench --layers my_layers.txt             # lines: name N C H W K R S stride pad groups
+    jaxdnn-bench --layers my_layers.txt   # lines: name N C H W K R S stride pad groups [lhs]
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ DTYPES = {
     "bf16": (jnp.bfloat16, lax.Precision.DEFAULT),
     "fp16": (jnp.float16, lax.Precision.DEFAULT),
 }
-LAYER_FIELDS = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "groups")
+# lhs: lhs_dilation (a transposed convolution upsampling by it); optional in a layer file (1)
+LAYER_FIELDS = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "groups", "lhs")
 CSV_FIELDS = ("dtype", "layer", "op", "impl", "ms", "tflops", "workspace_mb", "note", "reason",
               *LAYER_FIELDS, "gflop")
 NOT_SUPPORTED = "not supported"
@@ -67,7 +68,8 @@ tiny_g2_1x1 1 8 6 6 4 1 1 1 0 2
 # Layer sets.
 
 def parse_layers(text: str, source: str = "<layers>") -> list[dict]:
-  """Layer lines `name N C H W K R S stride pad groups` ('#' starts a comment) -> layer dicts."""
+  """Layer lines `name N C H W K R S stride pad groups [lhs]` ('#' starts a comment) -> layer
+  dicts."""
   layers = []
   for lineno, line in enumerate(text.splitlines(), 1):
     line = line.split("#", 1)[0].strip()
@@ -75,9 +77,11 @@ def parse_layers(text: str, source: str = "<layers>") -> list[dict]:
       continue
     name, *nums = line.split()
     where = f"{source}:{lineno}"
+    if len(nums) == len(LAYER_FIELDS) - 1:
+      nums.append("1")  # lhs
     if len(nums) != len(LAYER_FIELDS):
-      raise ValueError(f"{where}: expected a name and {len(LAYER_FIELDS)} integers "
-                       f"({' '.join(LAYER_FIELDS)}), got {line!r}")
+      raise ValueError(f"{where}: expected a name and {len(LAYER_FIELDS) - 1} integers "
+                       f"({' '.join(LAYER_FIELDS[:-1])}) and optionally lhs, got {line!r}")
     try:
       layer = dict(name=name, **dict(zip(LAYER_FIELDS, map(int, nums))))
     except ValueError:
@@ -93,7 +97,8 @@ def check_layer(L: dict, where: str) -> None:
   if L["C"] % L["groups"] or L["K"] % L["groups"]:
     raise ValueError(f"{where}: C={L['C']} and K={L['K']} must be multiples of "
                      f"groups={L['groups']}")
-  if L["H"] + 2 * L["pad"] < L["R"] or L["W"] + 2 * L["pad"] < L["S"]:
+  h_in, w_in = ((L[a] - 1) * L.get("lhs", 1) + 1 for a in ("H", "W"))  # lhs-dilated
+  if h_in + 2 * L["pad"] < L["R"] or w_in + 2 * L["pad"] < L["S"]:
     raise ValueError(f"{where}: the filter is larger than the padded image: {L}")
 
 
@@ -114,7 +119,8 @@ def sweep_layers(plat: str) -> list[dict]:
   (pad (r-1)/2), channels C=K 16..1024 (16..512 on a CPU), batch 1..128 (1..64 on a CPU).
   """
   cpu = plat != "gpu"
-  base = dict(N=4 if cpu else 32, C=64, H=28, W=28, K=64, R=3, S=3, stride=1, pad=1, groups=1)
+  base = dict(N=4 if cpu else 32, C=64, H=28, W=28, K=64, R=3, S=3, stride=1, pad=1, groups=1,
+              lhs=1)
   layers = []
   for r in (1, 3, 5, 7, 9, 11):
     layers.append(dict(base, name=f"sweep_r{r}", R=r, S=r, pad=(r - 1) // 2))
@@ -148,16 +154,20 @@ def layer_shapes(L):
   """(x shape, w shape, y shape, FLOPs) of the NHWC/HWIO convolution of layer L."""
   x = (L["N"], L["H"], L["W"], L["C"])
   w = (L["R"], L["S"], L["C"] // L["groups"], L["K"])
-  p = (L["H"] + 2 * L["pad"] - L["R"]) // L["stride"] + 1
-  q = (L["W"] + 2 * L["pad"] - L["S"]) // L["stride"] + 1
+  h_in, w_in = ((L[a] - 1) * L.get("lhs", 1) + 1 for a in ("H", "W"))  # lhs-dilated
+  p = (h_in + 2 * L["pad"] - L["R"]) // L["stride"] + 1
+  q = (w_in + 2 * L["pad"] - L["S"]) // L["stride"] + 1
   y = (L["N"], p, q, L["K"])
-  flops = 2 * L["N"] * p * q * L["K"] * (L["C"] // L["groups"]) * L["R"] * L["S"]
+  # lhs > 1: the products of input pixels only (lax and cuDNN count a transposed convolution as
+  # the strided convolution's backward-data), not the inserted zeros
+  pix = p * q if L.get("lhs", 1) == 1 else L["H"] * L["W"]
+  flops = 2 * L["N"] * pix * L["K"] * (L["C"] // L["groups"]) * L["R"] * L["S"]
   return x, w, y, flops
 
 
 def layer_geometry(L) -> ConvGeometry:
   return ConvGeometry(Layout.NHWC, (L["H"], L["W"]), (L["R"], L["S"]), (L["stride"],) * 2,
-                      (1, 1), (1, 1), (L["pad"],) * 2, (L["pad"],) * 2, L["groups"])
+                      (1, 1), (L.get("lhs", 1),) * 2, (L["pad"],) * 2, (L["pad"],) * 2, L["groups"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,7 +176,8 @@ def layer_geometry(L) -> ConvGeometry:
 def conv_fn(L, impl, precision):
   """x, w -> y for impl in ("lax", or a ConvAlgo)."""
   kw = dict(window_strides=(L["stride"],) * 2, padding=[(L["pad"], L["pad"])] * 2,
-            dimension_numbers=DN, feature_group_count=L["groups"], precision=precision)
+            lhs_dilation=(L.get("lhs", 1),) * 2, dimension_numbers=DN,
+            feature_group_count=L["groups"], precision=precision)
   if impl == "lax":
     return lambda x, w: lax.conv_general_dilated(x, w, **kw)
   return lambda x, w: jaxdnn.conv(x, w, **kw, algo=impl)
@@ -225,10 +236,22 @@ def torch_time(L, op, dtype_name, k_ops, repeats):
   dev = "cuda"
   mk = lambda shape_nchw: torch.randn(*shape_nchw, device=dev, dtype=tdt).to(
       memory_format=torch.channels_last)
+  groups, transposed = L["groups"], L.get("lhs", 1) != 1
+  if not transposed:
+    w_shape = (L["K"], L["C"] // groups, L["R"], L["S"])
+    stride, pad = [L["stride"]] * 2, [L["pad"]] * 2
+  else:
+    # lhs dilation s with padding p is torch's transposed convolution of stride s and padding
+    # R-1-p (the same extents; the filter flipped, which does not change the timing)
+    if L["stride"] != 1 or L["pad"] > min(L["R"], L["S"]) - 1:
+      raise ValueError("torch has no transposed convolution for a window stride > 1 or padding "
+                       "beyond the filter")
+    w_shape = (L["C"], L["K"] // groups, L["R"], L["S"])
+    stride, pad = [L.get("lhs", 1)] * 2, [L["R"] - 1 - L["pad"], L["S"] - 1 - L["pad"]]
   xs = [mk((L["N"], L["C"], L["H"], L["W"])) for _ in range(k_ops)]
-  ws = [mk((L["K"], L["C"] // L["groups"], L["R"], L["S"])) for _ in range(k_ops)]
+  ws = [mk(w_shape) for _ in range(k_ops)]
   dys = [mk((L["N"], L["K"], y_shape[1], y_shape[2])) for _ in range(k_ops)]
-  stride, pad, groups = [L["stride"]] * 2, [L["pad"]] * 2, L["groups"]
+  conv = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
   # dgrad / wgrad through aten.convolution_backward, the op autograd runs (cuDNN's backward
   # algorithms), asking for one gradient at a time.
   mask = {"dgrad": [True, False, False], "wgrad": [False, True, False]}.get(op)
@@ -236,10 +259,10 @@ def torch_time(L, op, dtype_name, k_ops, repeats):
   def body():
     for i in range(k_ops):
       if op == "fwd":
-        torch.nn.functional.conv2d(xs[i], ws[i], stride=stride, padding=pad, groups=groups)
+        conv(xs[i], ws[i], stride=stride, padding=pad, groups=groups)
       else:
         torch.ops.aten.convolution_backward(dys[i], xs[i], ws[i], None, stride, pad, [1, 1],
-                                            False, [0, 0], groups, mask)
+                                            transposed, [0, 0], groups, mask)
 
   return torch_graph_time(body, k_ops, repeats)
 
@@ -316,6 +339,7 @@ def run_benchmark(layers, *, plat, dtypes, ops, families, with_lax, k_ops, repea
   `time_limit` (seconds), measuring stops once it is spent and the rows so far are returned.
   """
   stop_at = None if time_limit is None else time.monotonic() + time_limit
+  layers = [dict(L, lhs=L.get("lhs", 1)) for L in layers]  # lhs: optional (1)
   lower_plat = "cuda" if plat == "gpu" else plat
   impls = (["lax"] if with_lax else []) + list(families)
   if plat == "gpu" and torch_available():

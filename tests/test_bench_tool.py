@@ -130,9 +130,30 @@ def test_user_layer_file_only_algos(tmp_path):
   assert [(r["layer"], r["op"], r["impl"]) for r in rows] == [
       ("b", "fwd", "DIRECT"), ("b", "fwd", "GEMM"), ("b", "wgrad", "DIRECT"), ("b", "wgrad", "GEMM")]
   r = rows[0]
-  assert [int(r[f]) for f in bench.LAYER_FIELDS] == [2, 6, 7, 5, 3, 1, 1, 2, 0, 1]
+  assert [int(r[f]) for f in bench.LAYER_FIELDS] == [2, 6, 7, 5, 3, 1, 1, 2, 0, 1, 1]
   # 2 * N * P * Q * K * C * R * S with P = 4, Q = 3
   assert float(r["gflop"]) == pytest.approx(2 * 2 * 4 * 3 * 3 * 6 / 1e9, rel=1e-2)
+
+
+def test_transposed_layer(tmp_path):
+  """An 11th field, lhs, makes a transposed convolution (lhs_dilation): 4x4 filter, pad 2, lhs 2
+  doubles a 5x6 image; every family that runs it is timed beside lax."""
+  layer_file = tmp_path / "up.txt"
+  layer_file.write_text("up 2 4 5 6 3 4 4 1 2 1 2\n")
+  (L,) = bench.read_layers(str(layer_file))
+  assert L["lhs"] == 2 and bench.layer_shapes(L)[2] == (2, 10, 12, 3)
+  assert bench.layer_geometry(L).lhs_dilation == (2, 2)
+  out = tmp_path / "o.csv"
+  rc = bench.main(["--layers", str(layer_file), "--ops", "fwd,dgrad,wgrad", "--algos",
+                   "direct,implicit_precomp_gemm", *FAST, "--csv", str(out)])
+  assert rc == 0
+  _, rows = read_csv(out)
+  assert {(r["op"], r["impl"]) for r in rows if r["ms"]} >= {
+      (op, impl) for op in ("fwd", "dgrad", "wgrad")
+      for impl in ("lax", "DIRECT", "IMPLICIT_PRECOMP_GEMM")}
+  assert all(r["lhs"] == "2" for r in rows)
+  # 2 * N * H * W * K * C * R * S: the products of the 5 x 6 input pixels, not of inserted zeros
+  assert float(rows[0]["gflop"]) == pytest.approx(2 * 2 * 5 * 6 * 3 * 4 * 16 / 1e9, rel=1e-2)
 
 
 def test_explicit_winograd_tiles_as_algos(tmp_path):
