@@ -2,8 +2,9 @@
 strided convolution (ConvGeometry.lhs_dilation_as_stride): F_P(x, w) = D_Q(x, w'),
 D_P(dy, w) = F_Q(dy, w'), W_P(x, dy) = flip_swap(W_Q(dy, x)), w' the flipped, channel-swapped
 filter. The CUDA GEMM families run every lhs-dilated problem this way. The CPU kernels take lhs
-dilation themselves, so here the tests force the mapping (algorithms.map_lhs_dilation_always) and
-check it against float64 lax, and that the lowered calls are the mapped ones."""
+dilation themselves, and take the mapping only where it measured faster
+(algorithms.MAPPING_PAYS); the tests force it everywhere (algorithms.map_lhs_dilation_always),
+check it against float64 lax and that the lowered calls are the mapped ones."""
 
 from __future__ import annotations
 
@@ -134,6 +135,38 @@ def test_flip_swap_filter(layout, groups):
                                 to_native(hwio))
 
 
+# The route each family takes unforced: the CUDA GEMM families have no lhs-dilation kernels
+# (every operation mapped); on the CPU the mapping runs where it measured faster
+# (algorithms.MAPPING_PAYS): the GEMM families' forward and backward-filter, GEMM's backward-data.
+ROUTES = {  # family -> (forward's targets, gradient's targets)
+    "cuda": {"IMPLICIT_GEMM": ({"bwd_data"}, {"fwd", "bwd_filter"}),
+             "IMPLICIT_PRECOMP_GEMM": ({"bwd_data"}, {"fwd", "bwd_filter"}),
+             "GEMM": ({"bwd_data"}, {"fwd", "bwd_filter"}),
+             "DIRECT": ({"fwd"}, {"bwd_data", "bwd_filter"})},
+    "cpu": {"IMPLICIT_GEMM": ({"bwd_data"}, {"bwd_data", "bwd_filter"}),
+            "IMPLICIT_PRECOMP_GEMM": ({"bwd_data"}, {"bwd_data", "bwd_filter"}),
+            "GEMM": ({"bwd_data"}, {"fwd", "bwd_filter"}),
+            "DIRECT": ({"fwd"}, {"bwd_data", "bwd_filter"})},
+}
+
+
+@pytest.mark.parametrize("algo", FAMILY_PARAMS)
+def test_route_of_each_family(algo):
+  case = CASES[3]
+  x, w = rand(case.lhs, F64, seed=12), rand(case.rhs, F64, seed=13)
+  conv = lambda x, w: jaxdnn.conv(x, w, **case.kwargs(), algo=algo)
+  ref = lax_conv64(x, w, **case.kwargs())
+  ct = rand(ref.shape, F64, seed=14)
+  grad = lambda x, w: jax.vjp(conv, x, w)[1](ct)
+  fwd_targets, grad_targets = ROUTES[LOWERING_PLATFORM][algo.name]
+  assert _targets(conv, x, w) == {f"jaxdnn_conv_{t}" for t in fwd_targets}
+  assert _targets(grad, x, w) == {f"jaxdnn_conv_{t}" for t in grad_targets}
+  assert_close(conv(x, w), ref, tolerance(F64), case.id)
+  dx_ref, dw_ref = jax.vjp(lambda x, w: lax_conv_hi(x, w, **case.kwargs()), x, w)[1](ct)
+  for got, want in zip(grad(x, w), (dx_ref, dw_ref)):
+    assert_close(got, want, tolerance(F64), case.id)
+
+
 @pytest.mark.skipif(LOWERING_PLATFORM != "cuda", reason="the CUDA GEMM families' own mapping")
 @pytest.mark.parametrize("algo", ["implicit_gemm", "implicit_precomp_gemm", "gemm"])
 def test_cuda_gemm_families_take_transposed_convolutions(algo):
@@ -144,3 +177,15 @@ def test_cuda_gemm_families_take_transposed_convolutions(algo):
                                   precision=lax.Precision.HIGHEST)
   assert _targets(conv, x, w) == {"jaxdnn_conv_bwd_data"}
   assert_close(conv(x, w), lax_conv64(x, w, **case.kwargs()), tolerance(np.float32), case.id)
+
+
+@pytest.mark.skipif(LOWERING_PLATFORM != "cpu", reason="the CPU heuristic")
+def test_cpu_auto_takes_the_mapped_gemm_for_transposed_forward_and_filter_gradient():
+  g = ConvGeometry(Layout.NHWC, (28, 28), (4, 4), (1, 1), (1, 1), (2, 2), (2, 2), (2, 2))
+  pick = lambda op: algorithms.choose_algorithm("cpu", op, "auto", g, 4, 256, 128, np.float32,
+                                                np.float32, algorithms.MathPrecision.HIGHEST)
+  for op in (algorithms.ConvOp.FORWARD, algorithms.ConvOp.BACKWARD_FILTER):
+    assert pick(op) == jaxdnn.ConvAlgo.IMPLICIT_PRECOMP_GEMM
+    assert algorithms.lhs_dilation_mapping(
+        "cpu", op, pick(op), g, 4, 256, 128, np.float32, np.float32,
+        algorithms.MathPrecision.HIGHEST) is not None

@@ -279,12 +279,24 @@ def _native_reason(platform: str, op: ConvOp, algo: ConvAlgo, geometry: ConvGeom
 
 
 # A transposed convolution (lhs_dilation > 1, window strides 1) runs as the other face of a
-# strided convolution (ConvGeometry.lhs_dilation_as_stride) where the family's kernels do not
-# take lhs dilation themselves (the CUDA GEMM families): forward -> backward-data, backward-data
-# -> forward, backward-filter -> backward-filter with the operands swapped.
+# strided convolution (ConvGeometry.lhs_dilation_as_stride): forward -> backward-data,
+# backward-data -> forward, backward-filter -> backward-filter with the operands swapped. Taken
+# where the family's kernels do not take lhs dilation themselves (the CUDA GEMM families), and
+# where it measured faster than the family's own handling of it (MAPPING_PAYS).
 MAPPED_OP = {ConvOp.FORWARD: ConvOp.BACKWARD_DATA, ConvOp.BACKWARD_DATA: ConvOp.FORWARD,
              ConvOp.BACKWARD_FILTER: ConvOp.BACKWARD_FILTER}
-# Tests set this to run the mapping even where the kernels take lhs dilation (the CPU's).
+# (platform, family, op). CPU, float32, 2 cores, the six layers of
+# benchmarks/layers-cpu-transposed.txt, interleaved A/B (benchmarks/transposed_mapping_ab.py;
+# benchmarks/results/cpu-2core-2026-12-08-transposed.md): the GEMM families' forward 2.5-6.4x
+# faster mapped on five layers (0.86-1.45x on the 4x4-image dcgan_up_8), their backward-filter
+# 1.1-8.0x on all six, GEMM's backward-data 1.4-6.1x. IMPLICIT_GEMM's and IMPLICIT_PRECOMP_GEMM's
+# own backward-data (mapped 0.39-1.06x) and DIRECT (0.64-1.69x) keep their kernels.
+_CPU_GEMM_FAMILIES = (ConvAlgo.IMPLICIT_GEMM, ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.GEMM)
+MAPPING_PAYS = frozenset(
+    {("cpu", a, op) for a in _CPU_GEMM_FAMILIES
+     for op in (ConvOp.FORWARD, ConvOp.BACKWARD_FILTER)} |
+    {("cpu", ConvAlgo.GEMM, ConvOp.BACKWARD_DATA)})
+# Tests set this to take the mapping wherever it applies.
 map_lhs_dilation_always = False
 
 
@@ -293,12 +305,13 @@ def lhs_dilation_mapping(platform: str, op: ConvOp, algo: ConvAlgo, geometry: Co
                          precision: MathPrecision) -> ConvGeometry | None:
   """The strided geometry Q that `algo` runs this problem through (MAPPED_OP[op] on Q, with
   channels and out_channels exchanged), or None: where it runs the problem as it is, or where
-  neither works."""
+  Q is not supported either."""
   q = geometry.lhs_dilation_as_stride()
   if q is None:
     return None
   args = (batch, channels, out_channels, in_dtype, out_dtype, precision)
-  if not map_lhs_dilation_always and not _native_reason(platform, op, algo, geometry, *args):
+  if (not map_lhs_dilation_always and (platform, algo_family(algo), op) not in MAPPING_PAYS and
+      not _native_reason(platform, op, algo, geometry, *args)):
     return None
   q_args = (batch, out_channels, channels, in_dtype, out_dtype, precision)
   return None if _native_reason(platform, MAPPED_OP[op], algo, q, *q_args) else q
@@ -436,6 +449,13 @@ def _cpu_order(op, geometry, batch, cg, kg, taps, gemm_first, direct_first):
   """The CPU order among the four general families (dense problems)."""
   if taps == 1:  # pointwise: a plain matrix product
     return gemm_first
+  if op != ConvOp.BACKWARD_DATA and geometry.lhs_dilation_as_stride() is not None:
+    # a transposed convolution's forward and backward-filter: IMPLICIT_PRECOMP_GEMM through the
+    # strided convolution (MAPPING_PAYS) beat DIRECT on 5 of 6 layers forward (1.07-1.75x; 0.92x
+    # on dcgan_up_8) and on all 6 backward-filter (1.2-6.0x); benchmarks/results/
+    # cpu-2core-2026-12-08-transposed.md
+    return [ConvAlgo.IMPLICIT_PRECOMP_GEMM, *(a for a in direct_first
+                                              if a != ConvAlgo.IMPLICIT_PRECOMP_GEMM)]
   if op == ConvOp.BACKWARD_DATA and any(s > 1 for s in geometry.stride):
     # the implicit family splits dx by stride phase and skips the zero taps
     return [ConvAlgo.IMPLICIT_GEMM, ConvAlgo.IMPLICIT_PRECOMP_GEMM, ConvAlgo.DIRECT,
