@@ -59,8 +59,11 @@ def _hlo(fn, *args):
 
 def _assert_jaxdnn_hlo(text, n_fwd=None):
   # Forward convolutions lower to jaxdnn_conv_fwd, or to jaxdnn_conv_fwd_fused when the layer's
-  # bias and named activation are fused into the kernel pass.
-  count = text.count("@jaxdnn_conv_fwd(") + text.count("@jaxdnn_conv_fwd_fused(")
+  # bias and named activation are fused into the kernel pass; a transposed convolution's forward
+  # may lower to jaxdnn_conv_bwd_data (the strided convolution's backward-data:
+  # algorithms.lhs_dilation_mapping).
+  count = sum(text.count(f"@{t}(") for t in
+              ("jaxdnn_conv_fwd", "jaxdnn_conv_fwd_fused", "jaxdnn_conv_bwd_data"))
   assert count > 0, "no jaxdnn custom call"
   assert "convolution" not in text, "XLA convolution in the HLO"
   if n_fwd is not None:
