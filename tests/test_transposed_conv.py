@@ -189,3 +189,8 @@ def test_cpu_auto_takes_the_mapped_gemm_for_transposed_forward_and_filter_gradie
     assert algorithms.lhs_dilation_mapping(
         "cpu", op, pick(op), g, 4, 256, 128, np.float32, np.float32,
         algorithms.MathPrecision.HIGHEST) is not None
+  # with a fused epilogue the mapping cannot run (a backward-data carries none): DIRECT, as before
+  fused = algorithms.choose_algorithm("cpu", algorithms.ConvOp.FORWARD, "auto", g, 4, 256, 128,
+                                      np.float32, np.float32, algorithms.MathPrecision.HIGHEST,
+                                      fused=True)
+  assert fused == jaxdnn.ConvAlgo.DIRECT

@@ -389,7 +389,8 @@ def _fft_tiling_pays(geometry: ConvGeometry, cg: int, kg: int, taps: int) -> boo
 
 def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: int,
                      channels: int, out_channels: int, in_dtype=None,
-                     precision: MathPrecision | None = None) -> list[ConvAlgo]:
+                     precision: MathPrecision | None = None, fused: bool = False
+                     ) -> list[ConvAlgo]:
   """Families in order of preference for `auto` (the first supported one wins).
 
   Tuned on the measured tables in benchmarks/results/ (CPU: the 2-core AVX-512 machine; GPU: H200).
@@ -405,7 +406,7 @@ def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: i
   if platform == "cpu":
     if small_groups or cg * taps <= 8:  # memory-bound, or a tiny reduction (MNIST's C=1)
       return direct_first
-    order = _cpu_order(op, geometry, batch, cg, kg, taps, gemm_first, direct_first)
+    order = _cpu_order(op, geometry, batch, cg, kg, taps, gemm_first, direct_first, fused)
     # FFT_TILING beat every other family by 2-3x there (_fft_tiling_pays), in all three
     # operations; its float32 bound (1e-5) qualifies it under precision=HIGHEST. On 3x3 layers
     # it only ties DIRECT (Winograd wins); with one input channel the output transforms dominate
@@ -451,15 +452,17 @@ def _heuristic_order(platform: str, op: ConvOp, geometry: ConvGeometry, batch: i
   return order
 
 
-def _cpu_order(op, geometry, batch, cg, kg, taps, gemm_first, direct_first):
+def _cpu_order(op, geometry, batch, cg, kg, taps, gemm_first, direct_first, fused):
   """The CPU order among the four general families (dense problems)."""
   if taps == 1:  # pointwise: a plain matrix product
     return gemm_first
-  if op != ConvOp.BACKWARD_DATA and geometry.lhs_dilation_as_stride() is not None:
+  if not fused and op != ConvOp.BACKWARD_DATA and geometry.lhs_dilation_as_stride() is not None:
     # a transposed convolution's forward and backward-filter: IMPLICIT_PRECOMP_GEMM through the
     # strided convolution (MAPPING_PAYS) beat DIRECT on 5 of 6 layers forward (1.07-1.75x; 0.92x
     # on dcgan_up_8) and on all 6 backward-filter (1.2-6.0x); benchmarks/results/
-    # cpu-2core-2026-12-08-transposed.md
+    # cpu-2core-2026-12-08-transposed.md. Not with a fused epilogue: the mapped problem is a
+    # backward-data, which carries none, so the fused kernel would take its own lhs dilation
+    # (IMPLICIT_PRECOMP_GEMM's plain forward: 1.1-2.4x slower than DIRECT's on those layers).
     return [ConvAlgo.IMPLICIT_PRECOMP_GEMM, *(a for a in direct_first
                                               if a != ConvAlgo.IMPLICIT_PRECOMP_GEMM)]
   if op == ConvOp.BACKWARD_DATA and any(s > 1 for s in geometry.stride):
@@ -499,7 +502,7 @@ def choose_algorithm(platform: str, op: ConvOp, requested: ConvAlgo | str,
           f"{', '.join(a.name for a in able) or 'none'} (or algo='auto').")
     return requested
   for algo in _heuristic_order(platform, op, geometry, batch, channels, out_channels, in_dtype,
-                               precision):
+                               precision, fused):
     if not unsupported_reason(platform, op, algo, *args, fused=fused):
       return algo
   able = supported_algorithms(platform, op, *args, fused=fused)
