@@ -178,6 +178,8 @@ def test_explicit_winograd_tiles_as_algos(tmp_path):
     ("g 1 6 6 6 4 3 3 1 1 4\n", "multiples of groups=4"),
     ("z 0 4 6 6 4 3 3 1 1 1\n", "must be positive"),
     ("big 1 4 2 2 4 5 5 1 1 1\n", "larger than the padded image"),
+    ("lhs0 1 4 6 6 4 3 3 1 1 1 0\n", "must be positive"),
+    ("twelve 1 4 6 6 4 3 3 1 1 1 2 2\n", "expected a name and 10 integers"),
 ])
 def test_layer_file_errors(text, match):
   with pytest.raises(ValueError, match=match):

@@ -194,3 +194,12 @@ def test_cpu_auto_takes_the_mapped_gemm_for_transposed_forward_and_filter_gradie
                                       np.float32, np.float32, algorithms.MathPrecision.HIGHEST,
                                       fused=True)
   assert fused == jaxdnn.ConvAlgo.DIRECT
+
+
+@pytest.mark.skipif(LOWERING_PLATFORM != "cuda", reason="the CUDA GEMM families' refusal")
+def test_cuda_gemm_families_refuse_lhs_dilation_with_a_window_stride():
+  """No identity there (window stride > 1): a clear ValueError naming the families that can."""
+  x, w = rand((1, 4, 5, 2), np.float32), rand((3, 2, 2, 3), np.float32)
+  with pytest.raises(ValueError, match="lhs_dilation.*Families that can: DIRECT"):
+    jaxdnn.conv(x, w, (2, 1), ((2, 2), (1, 0)), lhs_dilation=(2, 3), dimension_numbers=NHWC,
+                algo="implicit_precomp_gemm")
