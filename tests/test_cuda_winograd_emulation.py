@@ -7,9 +7,9 @@ AddressSanitizer and UBSan, and checks every WINOGRAD / WINOGRAD_NONFUSED varian
 op of the quick geometry set against a float64 reference (there the fp32 NONFUSED GEMM runs the
 SIMT kernel; the tensor-core GEMM, slow to emulate, is checked on one case with JAXDNN_WINO_GEMM=mma). This is the only CPU-side check of the
 CUDA kernels' index math and schedules; it does not see nvcc's compile errors, device rounding or
-speed (the GPU runs tests/cuda/winograd/run.sh). On a 2-core host: the build about 35 s, the quick
-set about 100 s, the tensor-core case about 75 s (228 s and 135 s with one OS thread per emulated
-thread, before the fibers: tests/cuda/emu_fibers.h).
+speed (the GPU runs tests/cuda/winograd/run.sh). On a 2-core host: the build about 25-35 s, the quick
+set about 57 s, the tensor-core case about 24 s (228 s and 135 s with one OS thread per emulated
+thread, 99 s and 74 s with ucontext fibers: tests/cuda/emu_fibers.h).
 """
 
 import os

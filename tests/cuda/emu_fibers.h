@@ -1,12 +1,16 @@
-// Cooperative threads for the emulated CUDA runtimes (tests/cuda/{winograd,bab}/emu/
-// cuda_runtime.h): a launch runs each CUDA thread of a block as a fiber (ucontext) on the calling
-// OS thread, and a barrier arrival switches back to a round-robin scheduler until every thread
-// of the barrier has arrived. One OS thread per CUDA thread, meeting at std::barrier, paid a
-// futex wait and wake per thread and barrier. On a 2-core host (pytest, checker runs): the
-// Winograd quick set 228 -> 99 s, its tensor-core case (a barrier per emulated mma) 135 -> 74 s,
-// the bias/activation backward smoke set 92 -> 30 s with fibers.
+// Cooperative threads for the emulated CUDA runtimes (tests/cuda/{winograd,bab,gemm_family}/emu/
+// cuda_runtime.h): a launch runs each CUDA thread of a block as a fiber on the calling OS thread,
+// and a barrier arrival switches back to a round-robin scheduler until every thread of the
+// barrier has arrived. One OS thread per CUDA thread, meeting at std::barrier, paid a futex wait
+// and wake per thread and barrier. On a 2-core host (pytest, checker runs): the Winograd quick
+// set 228 -> 99 s, its tensor-core case (a barrier per emulated mma) 135 -> 74 s, the
+// bias/activation backward smoke set 92 -> 30 s with ucontext fibers.
+// The switch: on x86-64 a few instructions that save the callee-saved registers, MXCSR and the
+// x87 control word on the old stack and load them from the new one (switch_stack). libc's
+// swapcontext also saves and restores the signal mask, a system call per switch: 60 % of an
+// emulated mma-heavy run. Elsewhere, swapcontext.
 // Under AddressSanitizer each switch is announced (__sanitizer_start_switch_fiber /
-// __sanitizer_finish_switch_fiber), and libc's swapcontext is called past the sanitizer's
+// __sanitizer_finish_switch_fiber); libc's swapcontext is called past the sanitizer's
 // interceptor, which would clear the shadow of the whole target stack at every switch (40 % of
 // the suite's time). Every fiber returns from its body, so the sanitizer unpoisons its frames and
 // its stack goes back clean for the next launch. A barrier that not every thread reaches aborts
@@ -17,6 +21,7 @@
 #include <ucontext.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -24,6 +29,7 @@
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <dlfcn.h>
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -36,20 +42,29 @@ struct Barrier {
 
 constexpr size_t kStackBytes = size_t{1} << 18;  // per fiber (mmap'd; pages touched on use)
 
-struct Run {
-  const std::function<void(int)>* body = nullptr;  // fiber t runs (*body)(t)
-  std::vector<ucontext_t> ctx;
-  std::vector<char> done;
-  ucontext_t sched;
-  int cur = -1;
-  unsigned long events = 0;  // arrivals and finishes: progress, for the deadlock check
-  const void* sched_bottom = nullptr;  // the scheduler's stack (the sanitizer's switches)
-  size_t sched_size = 0;
+#if defined(__x86_64__)
+// A fiber's or the scheduler's saved stack pointer; the registers live on that stack.
+struct Context {
+  void* sp = nullptr;
 };
-inline Run* running = nullptr;
-inline std::vector<void*> stacks;  // kept for later launches
-
-inline int switch_context(ucontext_t* from, ucontext_t* to) {
+// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores
+// its pointer in *save_sp, switches to load_sp and restores the same from there (System V ABI:
+// everything else is caller-saved, so a call to this is a complete switch).
+[[gnu::naked, gnu::noinline]] inline void switch_stack(void** /*save_sp: rdi*/, void* /*load_sp: rsi*/) {
+  asm volatile(
+      "pushq %rbp\n pushq %rbx\n pushq %r12\n pushq %r13\n pushq %r14\n pushq %r15\n"
+      "subq $8, %rsp\n stmxcsr (%rsp)\n fnstcw 4(%rsp)\n"
+      "movq %rsp, (%rdi)\n movq %rsi, %rsp\n"
+      "ldmxcsr (%rsp)\n fldcw 4(%rsp)\n addq $8, %rsp\n"
+      "popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n"
+      "ret\n");
+}
+inline void switch_context(Context* from, Context* to) { switch_stack(&from->sp, to->sp); }
+#else
+struct Context {
+  ucontext_t uc;
+};
+inline void switch_context(Context* from, Context* to) {
 #if defined(__SANITIZE_ADDRESS__)
   using Swap = int (*)(ucontext_t*, const ucontext_t*);
   static const Swap libc_swap = [] {
@@ -57,11 +72,25 @@ inline int switch_context(ucontext_t* from, ucontext_t* to) {
     void* f = libc ? dlsym(libc, "swapcontext") : nullptr;
     return f ? reinterpret_cast<Swap>(f) : &swapcontext;
   }();
-  return libc_swap(from, to);
+  libc_swap(&from->uc, &to->uc);
 #else
-  return swapcontext(from, to);
+  swapcontext(&from->uc, &to->uc);
 #endif
 }
+#endif
+
+struct Run {
+  const std::function<void(int)>* body = nullptr;  // fiber t runs (*body)(t)
+  std::vector<Context> ctx;
+  std::vector<char> done;
+  Context sched;
+  int cur = -1;
+  unsigned long events = 0;  // arrivals and finishes: progress, for the deadlock check
+  const void* sched_bottom = nullptr;  // the scheduler's stack (the sanitizer's switches)
+  size_t sched_size = 0;
+};
+inline Run* running = nullptr;
+inline std::vector<void*> stacks;  // kept for later launches
 
 // From the running fiber to the scheduler, to be resumed later.
 inline void yield() {
@@ -98,7 +127,44 @@ inline void fiber_main() {
 #if defined(__SANITIZE_ADDRESS__)
   __sanitizer_start_switch_fiber(nullptr, r.sched_bottom, r.sched_size);  // this fiber ends
 #endif
-}  // returns to the scheduler (uc_link)
+}
+
+#if defined(__x86_64__)
+inline Context finished_fibers;  // where a finished fiber's last switch saves its (dead) stack
+// A fiber's first frame: runs it, then back to the scheduler for good. Never returns, so it holds
+// no locals (the sanitizer would leave their redzones poisoned on the reused stack).
+[[noreturn]] inline void fiber_entry() {
+  fiber_main();
+  switch_context(&finished_fibers, &running->sched);
+  __builtin_unreachable();
+}
+// The new fiber's stack as switch_stack leaves a suspended one: the control words, six registers
+// and fiber_entry as the return address, with the stack 16-byte aligned at its entry as after a
+// call (rsp % 16 == 8).
+inline void make_context(Context& c, void* stack, size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_unpoison_memory_region(stack, bytes);  // whatever an earlier fiber left there
+#endif
+  auto* top = reinterpret_cast<unsigned long long*>(
+      (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t{15});
+  top[-1] = 0;  // fiber_entry's return address: it never returns
+  top[-2] = reinterpret_cast<uintptr_t>(&fiber_entry);
+  for (int i = 3; i <= 8; ++i) top[-i] = 0;  // rbp, rbx, r12-r15
+  unsigned int mxcsr;
+  unsigned short fpucw;
+  asm volatile("stmxcsr %0\n fnstcw %1" : "=m"(mxcsr), "=m"(fpucw));
+  top[-9] = mxcsr | static_cast<unsigned long long>(fpucw) << 32;
+  c.sp = top - 9;
+}
+#else
+inline void make_context(Context& c, void* stack, size_t bytes) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = &running->sched.uc;  // fiber_main returns to the scheduler
+  makecontext(&c.uc, fiber_main, 0);
+}
+#endif
 
 // Runs body(0) .. body(threads - 1) as fibers to the end; resume(t) runs in the scheduler before
 // each switch into fiber t (it sets that thread's thread-local view: threadIdx and the like).
@@ -117,15 +183,9 @@ inline void run(int threads, const std::function<void(int)>& body, const std::fu
     }
     stacks.push_back(st);
   }
-  for (int t = 0; t < threads; ++t) {
-    getcontext(&r.ctx[t]);
-    r.ctx[t].uc_stack.ss_sp = stacks[t];
-    r.ctx[t].uc_stack.ss_size = kStackBytes;
-    r.ctx[t].uc_link = &r.sched;
-    makecontext(&r.ctx[t], fiber_main, 0);
-  }
   Run* outer = running;
   running = &r;
+  for (int t = 0; t < threads; ++t) make_context(r.ctx[t], stacks[t], kStackBytes);
   for (int live = threads; live > 0;) {
     const unsigned long before = r.events;
     for (int t = 0; t < threads; ++t) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Host emulation of the CUDA bias/activation backward, for machines without a GPU:
-#   bash tests/cuda/bab/emulate.sh [smoke|quick|full]   (from anywhere; the smoke set about 30 s on
-#   two cores, compiles included; quick about 10 minutes before the emulated threads were fibers,
-#   not re-measured since)
+#   bash tests/cuda/bab/emulate.sh [smoke|quick|full]   (from anywhere; the smoke set about 15 s on
+#   two cores, compiles included (30 s with ucontext fibers); quick about 10 minutes before the
+#   emulated threads were fibers, not re-measured since)
 # Rewrites the kernel launches of ffi/cuda/bias_act.cu and of the checker's copy of the older
 # kernels (baseline.cuh) into emu::launch calls, compiles them and check.cu with g++ against the
 # emulated runtime in emu/ (AddressSanitizer, UBSan with alignment checks), and runs the checker:
