@@ -2,14 +2,14 @@
 the host, without a GPU.
 
 tests/cuda/bab/emulate.sh rewrites the kernel launches into calls of an emulated CUDA runtime
-(tests/cuda/bab/emu: a block's threads as host threads with real barriers, warp shuffles through
-per-warp slots, blocks run in forward, reverse or shuffled order), compiles the kernels and their
+(tests/cuda/emu: a block's threads as cooperative fibers meeting at barriers, warp shuffles
+through per-warp slots, blocks run in forward, reverse or shuffled order), compiles the kernels and their
 checker with g++ under AddressSanitizer and UBSan, and checks dz and db against a float64 host
 reference on the smoke set: with the default grid, with at most 2 blocks per channel group (many
 slices: the arrival counters, the last block's fixed-order sums, several rounds of rows per
 thread), and the session-9 kernels under the same reference. It does not see nvcc's compile
-errors, the device's math or speed (the GPU runs tests/cuda/bab/run.sh). About 1.5 minutes on
-two cores.
+errors, the device's math or speed (the GPU runs tests/cuda/bab/run.sh). About 15 s on two
+cores.
 """
 
 import os

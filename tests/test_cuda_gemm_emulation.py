@@ -2,8 +2,8 @@
 conv_gemm_kernel.cuh, conv_gemm_family.cu) on the host, without a GPU.
 
 tests/cuda/gemm_family/emulate.sh rewrites the kernel launches and the dynamic shared memory into
-calls of an emulated CUDA runtime (tests/cuda/gemm_family/emu: a block's threads as cooperative
-fibers, cp.async, ldmatrix and mma.sync by a lane exchange), compiles the kernels and their
+calls of an emulated CUDA runtime (tests/cuda/emu: a block's threads as cooperative fibers;
+tests/cuda/gemm_family/emu: cp.async, ldmatrix and mma.sync by a lane exchange), compiles the kernels and their
 checker (tests/cuda/gemm_family/check.cu) with g++ under AddressSanitizer and UBSan, and checks
 every dtype combination, operation, family and layout against a float64 reference, with the fused
 epilogue on every forward and a rerun for determinism. The emulated device has no wgmma, so this
@@ -75,7 +75,7 @@ def test_split_k_and_the_wide_tile_emulated(emulated_checker):
   """Split-K (forced: 3 splits, fp32 / fp64 partials and the reduce pass) in every dtype, and the
   128 x 128 16-bit forward tile (forced)."""
   launches = _run(emulated_checker, "--case", "2d_c32k16_s2_d2,negpad_s2x3_d2", min_runs=2 * 2 * 7 * 9,
-                  JAXDNN_GEMM_SPLITS="3", GEMM_EMU_ORDER="shuffled")
+                  JAXDNN_GEMM_SPLITS="3", EMU_BLOCK_ORDER="shuffled")
   assert launches.get("splitk_reduce_kernel", 0) > 0, launches
   _run(emulated_checker, "--case", "2d_c16k24_3x3,negpad_s2x3_d2", "--only", "bf16,f16,bf16>f32",
-       "--op", "fwd", min_runs=2 * 2 * 3 * 3, JAXDNN_GEMM_TILE="L", GEMM_EMU_ORDER="reverse")
+       "--op", "fwd", min_runs=2 * 2 * 3 * 3, JAXDNN_GEMM_TILE="L", EMU_BLOCK_ORDER="reverse")

@@ -5,7 +5,7 @@
 #   emulated threads were fibers, not re-measured since)
 # Rewrites the kernel launches of ffi/cuda/bias_act.cu and of the checker's copy of the older
 # kernels (baseline.cuh) into emu::launch calls, compiles them and check.cu with g++ against the
-# emulated runtime in emu/ (AddressSanitizer, UBSan with alignment checks), and runs the checker:
+# emulated runtime in tests/cuda/emu/ (AddressSanitizer, UBSan with alignment checks), and runs the checker:
 # the default grid, a grid of at most 2 blocks per channel group (several rounds of rows per
 # thread, tails), and the older kernels under the same reference (smoke set). What it cannot
 # see: nvcc errors, real concurrency between blocks (the emulator runs blocks one at a time, in
@@ -21,13 +21,14 @@ for src, dst, least in (("ffi/cuda/bias_act.cu", "bias_act_emu.cc", 4),
                         ("tests/cuda/bab/baseline.cuh", "baseline.cuh", 4),
                         ("tests/cuda/bab/check.cu", "check.cc", 0)):
     text = open(src).read()
-    text, n = re.subn(r"(\w+_kernel<[^<>]*>)<<<(.*?)>>>\(",
-                      lambda m: f"emu::launch({m.group(1)}, {m.group(2)}, ", text, flags=re.S)
+    text, n = re.subn(r"((\w+_kernel)<[^<>]*>)<<<(.*?)>>>\(",
+                      lambda m: f'emu::launch("{m.group(2)}", {m.group(1)}, {m.group(3)}, ', text,
+                      flags=re.S)
     assert n >= least, (src, n)
     open(f"{out}/{dst}", "w").write(text)
 PY
 F="-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
-   -fno-strict-aliasing -ffp-contract=off -DJAXDNN_BAB_EMULATION -I tests/cuda/bab/emu
+   -fno-strict-aliasing -ffp-contract=off -DJAXDNN_BAB_EMULATION -I tests/cuda/emu
    -I tests/cuda/pool -I ffi/include -I ffi/cuda"
 # One compiler at a time (small shared machines).
 g++ $F -c "$D/bias_act_emu.cc" -o "$D/bias_act.o"

@@ -6,11 +6,12 @@
 # e.g. emulate.sh --no-time --quick --only bf16 --case negpad_s2x3_d2
 # Rewrites the kernel launches and the dynamic shared memory of ffi/cuda/conv_gemm_kernel.cuh,
 # conv_gemm_family.cu, epilogue.cuh and the checker into calls of the emulated runtime in emu/
-# (cuda_runtime.h; gemm_primitives.h stands in for the PTX wrappers), compiles them with g++
+# (tests/cuda/emu/cuda_runtime.h; emu/gemm_primitives.h stands in for the PTX wrappers), compiles
+# them with g++
 # (AddressSanitizer, UBSan) and runs the checker with the arguments given (build: only compile
 # $D/check). The emulated device has no wgmma (emu/no_wgmma.cc): every call runs the mma.sync
 # kernel, as on a pre-Hopper GPU. What it cannot see: nvcc errors, the wgmma kernels, real
-# concurrency between warps and blocks (blocks run one at a time, GEMM_EMU_ORDER=reverse|shuffled
+# concurrency between warps and blocks (blocks run one at a time, EMU_BLOCK_ORDER=reverse|shuffled
 # changes their order), the tensor cores' rounding, speed.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -51,7 +52,6 @@ for src, dst, least in (("ffi/cuda/conv_gemm_kernel.cuh", "conv_gemm_kernel.cuh"
     text = text.replace('#include "gemm_primitives.cuh"', '#include "gemm_primitives.h"')
     text, n = re.subn(r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
                       r"unsigned char* const \1 = emu::dynamic_smem;", text)
-    assert "__shared__" not in text, src
     open(f"{out}/{dst}", "w").write(text)
 PY
 # GEMM_EMU_SANITIZE=0: -O2 without the sanitizers (several times faster, for larger sets)
@@ -61,7 +61,7 @@ else
   S="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined"
 fi
 F="-std=c++20 $S -fno-strict-aliasing -ffp-contract=off -DJAXDNN_GEMM_EMULATION
-   -I tests/cuda/gemm_family/emu -I ffi/include -I ffi/cuda"
+   -I tests/cuda/emu -I tests/cuda/gemm_family/emu -I ffi/include -I ffi/cuda"
 objs=()
 for u in conv_gemm_family conv_gemm_fwd conv_gemm_dgrad conv_gemm_wgrad check; do
   g++ $F -c "$D/$u.cc" -o "$D/$u.o" &

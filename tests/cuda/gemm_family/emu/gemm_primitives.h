@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../../pool/host_fp.h"
+#include "../../pool/host_fp.h"  // tests/cuda/pool
 
 namespace jaxdnn::cuda::gemm {
 
@@ -97,10 +97,12 @@ inline void ldsm_x4_any(uint32_t (&r)[4], const void* p) {
 inline void ldsm_x4(uint32_t (&r)[4], const void* p) { ldsm_x4_any<false>(r, p); }
 inline void ldsm_x4_t(uint32_t (&r)[4], const void* p) { ldsm_x4_any<true>(r, p); }
 
-// D = A*B + D, m16n8k16: lane 4 g + t holds A (g, 2t..2t+1), (g + 8, ..), (g, 2t + 8..),
-// (g + 8, 2t + 8..) and B (k = 2t..2t+1, n = g), (2t + 8.., g).
-template <bool F16>
-inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+// D = A*B + D for one m16n8kK tile: every lane publishes its four A and two B registers, then
+// lane 4 g + t sums D (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) over k in order.
+// a_at(w, row, k) and b_at(w, k, col) read an operand element from the published registers.
+template <int K, typename AAt, typename BAt>
+inline void mma_emulated(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                         AAt a_at, BAt b_at) {
   using namespace emu_detail;
   const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
   emu::Warp& w = publish(mine, sizeof(mine));
@@ -109,16 +111,26 @@ inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
   for (int r = 0; r < 4; ++r) {
     const int row = g + (r / 2) * 8, col = 2 * t + r % 2;
     float sum = d[r];
-    for (int k = 0; k < 16; ++k) {
-      const int kl = k % 8 / 2, half = k % 2;
-      const float av = half16<F16>(word(w, row % 8 * 4 + kl, row / 8 + 2 * (k / 8)), half);
-      const float bv = half16<F16>(word(w, col * 4 + kl, 4 + k / 8), half);
-      sum += av * bv;
-    }
+    for (int k = 0; k < K; ++k) sum += a_at(w, row, k) * b_at(w, k, col);
     out[r] = sum;
   }
   done(w);
   for (int r = 0; r < 4; ++r) d[r] = out[r];
+}
+
+// m16n8k16, bf16 / f16 pairs (low half: the lower k): lane 4 g + t holds A (g, 2t..2t+1),
+// (g + 8, ..), (g, 2t + 8..), (g + 8, 2t + 8..) and B (k = 2t..2t+1, n = g), (2t + 8.., g).
+template <bool F16>
+inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  using namespace emu_detail;
+  mma_emulated<16>(
+      d, a, b0, b1,
+      [](const emu::Warp& w, int row, int k) {
+        return half16<F16>(word(w, row % 8 * 4 + k % 8 / 2, row / 8 + 2 * (k / 8)), k % 2);
+      },
+      [](const emu::Warp& w, int k, int col) {
+        return half16<F16>(word(w, col * 4 + k % 8 / 2, 4 + k / 8), k % 2);
+      });
 }
 
 // cvt.rna.tf32.f32: to nearest, ties away from zero, in the top 19 bits.
@@ -129,26 +141,18 @@ inline uint32_t to_tf32(float x) {
   return (u + 0x1000u) & 0xffffe000u;
 }
 
-// D = A*B + D, m16n8k8 tf32: lane 4 g + t holds A (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-// and B (k = t, n = g), (t + 4, g).
+// m16n8k8 tf32 (each operand's low 13 bits ignored): lane 4 g + t holds A (g, t), (g + 8, t),
+// (g, t + 4), (g + 8, t + 4) and B (k = t, n = g), (t + 4, g).
 inline void mma1688_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   using namespace emu_detail;
-  const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
-  emu::Warp& w = publish(mine, sizeof(mine));
-  const int g = emu::lane_id / 4, t = emu::lane_id % 4;
-  float out[4];
-  for (int r = 0; r < 4; ++r) {
-    const int row = g + (r / 2) * 8, col = 2 * t + r % 2;
-    float sum = d[r];
-    for (int k = 0; k < 8; ++k) {
-      const float av = f32(word(w, row % 8 * 4 + k % 4, row / 8 + 2 * (k / 4)) & 0xffffe000u);
-      const float bv = f32(word(w, col * 4 + k % 4, 4 + k / 4) & 0xffffe000u);
-      sum += av * bv;
-    }
-    out[r] = sum;
-  }
-  done(w);
-  for (int r = 0; r < 4; ++r) d[r] = out[r];
+  mma_emulated<8>(
+      d, a, b0, b1,
+      [](const emu::Warp& w, int row, int k) {
+        return f32(word(w, row % 8 * 4 + k % 4, row / 8 + 2 * (k / 4)) & 0xffffe000u);
+      },
+      [](const emu::Warp& w, int k, int col) {
+        return f32(word(w, col * 4 + k % 4, 4 + k / 4) & 0xffffe000u);
+      });
 }
 
 }  // namespace jaxdnn::cuda::gemm

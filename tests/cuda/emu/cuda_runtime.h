@@ -1,18 +1,24 @@
-// Emulated CUDA runtime for running the GEMM-family kernels (conv_gemm_kernel.cuh,
-// conv_gemm_family.cu, epilogue.cuh) and their checker on the host (../emulate.sh). A launch runs
-// the threads of a block as cooperative fibers (../../emu_fibers.h) on the calling OS thread; they
-// run the grid's blocks one after another (forward, reverse or shuffled order: GEMM_EMU_ORDER),
-// meeting at a barrier for __syncthreads and at the end of each block. Warp-collective operations
-// (ldmatrix, mma.sync: gemm_primitives.h) exchange values through the warp's slots between two
-// barriers of its 32 threads. Dynamic shared memory is a heap buffer of exactly the launch's size,
-// filled with 0xFF (NaN in every float format) at each launch, so AddressSanitizer sees any access
-// past it and a read before a write shows up as NaN. "Device" memory is host memory of the exact
-// size asked for (../../emu_host_api.h).
-// Not a CUDA: only what the GEMM-family sources and check.cu use.
+// Emulated CUDA runtime for running kernels and their checkers on the host: the GEMM family
+// (tests/cuda/gemm_family/emulate.sh) and the bias/activation backward (tests/cuda/bab/emulate.sh).
+// The scripts rewrite each `kernel<<<grid, block, smem, stream>>>(args)` into
+// emu::launch("name", kernel, grid, block, smem, stream, args). A launch runs the threads of a
+// block as cooperative fibers (../emu_fibers.h) on the calling OS thread; they run the grid's
+// blocks one after another, in the order emu::block_order picks (forward, reverse or shuffled; the
+// environment's EMU_BLOCK_ORDER sets the default: a kernel must not depend on which block
+// finishes last), meeting at a barrier for __syncthreads and at the end of each block.
+// Warp-collective operations (a shuffle; ldmatrix and mma.sync: gemm_family/emu/
+// gemm_primitives.h) exchange values through the warp's slots between two barriers of its 32
+// threads. __shared__ arrays are function statics, shared by the threads of the running block;
+// dynamic shared memory (the scripts turn `extern __shared__ T name[]` into a pointer to
+// emu::dynamic_smem) is a heap buffer of exactly the launch's size, filled with 0xFF (NaN in every
+// float format) at each launch, so AddressSanitizer sees any access past it and a read before a
+// write shows up as NaN. "Device" memory is host memory of the exact size asked for
+// (../emu_host_api.h).
+// Not a CUDA: only what those sources and checkers use.
 #pragma once
 
-#include "../../emu_fibers.h"
-#include "../../emu_host_api.h"
+#include "../emu_fibers.h"
+#include "../emu_host_api.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +42,7 @@
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
+#define __shared__ static
 
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
@@ -73,12 +80,13 @@ inline unsigned char* dynamic_smem = nullptr;  // this launch's dynamic shared m
 inline unsigned long launches = 0;
 inline std::map<std::string, long> launch_counts;  // per kernel (the checker prints them)
 
-inline Order block_order() {
-  const char* o = std::getenv("GEMM_EMU_ORDER");
+inline Order order_from_environment() {
+  const char* o = std::getenv("EMU_BLOCK_ORDER");
   if (o && o[0] == 'r') return Order::kReverse;
   if (o && o[0] == 's') return Order::kShuffled;
   return Order::kForward;
 }
+inline Order block_order = order_from_environment();
 
 template <typename... P, typename... A>
 void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
@@ -97,7 +105,7 @@ void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) order.emplace_back(x, y, z);
-  const Order how = block_order();
+  const Order how = block_order;
   if (how == Order::kReverse) std::reverse(order.begin(), order.end());
   if (how == Order::kShuffled) std::shuffle(order.begin(), order.end(), std::mt19937(launches));
   // exactly `smem` bytes (AddressSanitizer bounds), 128-byte aligned as the device's
@@ -145,8 +153,31 @@ inline Warp& my_warp() { return *(*warps)[warp_id]; }
 
 inline void __syncthreads() { emu::fibers::arrive_and_wait(*emu::block_barrier); }
 
+// Every thread of the warp takes part (full warps only, as the kernels launch them).
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  static_assert(sizeof(T) <= sizeof(emu::Warp::slot[0]), "one slot per lane");
+  emu::Warp& w = emu::my_warp();
+  const int src = emu::lane_id ^ lane_mask;
+  if (src >= 32) std::abort();
+  std::memcpy(w.slot[emu::lane_id], &v, sizeof(T));
+  emu::fibers::arrive_and_wait(w.bar);
+  T r;
+  std::memcpy(&r, w.slot[src], sizeof(T));
+  emu::fibers::arrive_and_wait(w.bar);  // nobody overwrites a slot before all have read
+  return r;
+}
+
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 template <typename T>
 inline T __ldg(const T* p) { return *p; }
+template <typename T>
+inline T __ldcs(const T* p) { return *p; }
+template <typename T>
+inline T __ldcg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned int u) {
   float f;
   std::memcpy(&f, &u, 4);

@@ -1,8 +1,8 @@
 // Emulated float16 (see cuda_runtime.h): storage, conversions (round to nearest even) and the
-// pair type the GEMM-family kernels store with.
+// pair type the kernels store with.
 #pragma once
 #include "cuda_runtime.h"
-#include "../../pool/host_fp.h"
+#include "../pool/host_fp.h"
 struct __half {
   unsigned short x;
   __half() = default;

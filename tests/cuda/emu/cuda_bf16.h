@@ -1,8 +1,8 @@
 // Emulated bfloat16 (see cuda_runtime.h): storage, conversions (round to nearest even) and the
-// pair type the GEMM-family kernels store with.
+// pair type the kernels store with.
 #pragma once
 #include "cuda_runtime.h"
-#include "../../pool/host_fp.h"
+#include "../pool/host_fp.h"
 struct __nv_bfloat16 {
   unsigned short x;
   __nv_bfloat16() = default;
