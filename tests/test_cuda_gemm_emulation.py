@@ -13,19 +13,11 @@ backward-data and float32 at HIGHEST precision run; the wgmma kernels run only o
 or speed. On a 2-core host: the build about 45 s, the checks below about 60 s.
 """
 
-import os
-import pathlib
-import re
-import shutil
-import subprocess
-
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "tests" / "cuda" / "gemm_family" / "emulate.sh"
+from emulation import build, needs_gcc, run_checker
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("bash") is None,
-                                reason="needs g++ and bash")
+pytestmark = needs_gcc
 
 # Small cases of check.cu's set: stride 2 with asymmetric padding, 1-D, groups, 3-D, negative
 # padding, a transposed convolution's strided view (stride (2, 3), dilation 2, negative padding:
@@ -38,28 +30,13 @@ DTYPES = ("bf16", "f16", "tf32", "f32", "f64", "bf16>f32", "f16>f32")
 @pytest.fixture(scope="module")
 def emulated_checker(tmp_path_factory):
   """The checker and the kernels compiled once for the host (emulate.sh build)."""
-  d = tmp_path_factory.mktemp("gemmemu")
-  run = subprocess.run(["bash", str(SCRIPT), "build"], cwd=REPO,
-                       env=dict(os.environ, GEMM_EMU_DIR=str(d)), capture_output=True, text=True,
-                       timeout=900)
-  assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-  return d / "check"
+  return build("tests/cuda/gemm_family/emulate.sh", "GEMM_EMU_DIR", tmp_path_factory.mktemp("gemmemu"))
 
 
 def _run(checker, *args, min_runs, **env):
   """Runs the checker's correctness set; returns its kernel launch counts ({name: launches})."""
-  run = subprocess.run([str(checker), "--no-time", *args], cwd=REPO,
-                       env=dict(os.environ, **env), capture_output=True, text=True, timeout=1200)
-  tail = (run.stdout + run.stderr)[-4000:]
-  assert run.returncode == 0, tail
-  m = re.search(r"CHECK: (\d+) runs, (\d+) failed, (\d+) rejected", run.stdout)
-  assert m is not None, tail
-  runs, failures = int(m.group(1)), int(m.group(2))
-  assert failures == 0 and "FAIL" not in run.stdout, tail
-  assert runs >= min_runs, f"only {runs} runs: the set shrank?\n{tail}"
-  m = re.search(r"^LAUNCHES:(.*)$", run.stdout, re.M)
-  assert m is not None, tail
-  return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+  return run_checker(checker, ["--no-time", *args], min_runs=min_runs,
+                     summary=r"CHECK: (\d+) runs, (\d+) failed", **env)
 
 
 def test_gemm_family_kernels_emulated_on_the_host(emulated_checker):

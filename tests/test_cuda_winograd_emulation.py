@@ -12,46 +12,22 @@ set about 57 s, the tensor-core case about 24 s (228 s and 135 s with one OS thr
 thread, 99 s and 74 s with ucontext fibers: tests/cuda/emu_fibers.h).
 """
 
-import os
-import pathlib
-import re
-import shutil
-import subprocess
-
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "tests" / "cuda" / "winograd" / "emulate.sh"
+from emulation import build, needs_gcc, run_checker
 
-
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("bash") is None,
-                                reason="needs g++ and bash")
+pytestmark = needs_gcc
 
 
 @pytest.fixture(scope="module")
 def emulated_checker(tmp_path_factory):
   """The checker and the kernels compiled once for the host (emulate.sh build)."""
-  d = tmp_path_factory.mktemp("winoemu")
-  run = subprocess.run(["bash", str(SCRIPT), "build"], cwd=REPO, env=dict(os.environ, WINO_EMU_DIR=str(d)),
-                       capture_output=True, text=True, timeout=900)
-  assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-  return d / "check"
+  return build("tests/cuda/winograd/emulate.sh", "WINO_EMU_DIR", tmp_path_factory.mktemp("winoemu"))
 
 
 def _run(checker, mode, min_runs, **env):
   """Runs the checker; returns its kernel launch counts ({name: launches})."""
-  run = subprocess.run([str(checker), mode], cwd=REPO, env=dict(os.environ, **env),
-                       capture_output=True, text=True, timeout=1500)
-  tail = (run.stdout + run.stderr)[-4000:]
-  assert run.returncode == 0, tail
-  m = re.search(r"CORRECTNESS: (\d+) runs, (\d+) failures", run.stdout)
-  assert m is not None, tail
-  runs, failures = int(m.group(1)), int(m.group(2))
-  assert failures == 0, tail
-  assert runs >= min_runs, f"only {runs} runs: the set shrank?\n{tail}"
-  m = re.search(r"^LAUNCHES:(.*)$", run.stdout, re.M)
-  assert m is not None, tail
-  return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+  return run_checker(checker, [mode], min_runs=min_runs, **env)
 
 
 def test_cuda_winograd_kernels_emulated_on_the_host(emulated_checker):

@@ -237,8 +237,10 @@ __device__ __forceinline__ void epi_raw16_unpack(const EpiDev& e, const uint4& u
 // ahead of its use: a kernel asks for its residuals before its main loop, so that the epilogue's
 // loads after it wait for L2, not DRAM. No registers are held across the loop.
 __device__ __forceinline__ void epi_prefetch_l2(const EpiDev& e, const void* p, long long i) {
+#ifndef JAXDNN_CUDA_EMULATION  // host emulation (tests/cuda/emu): nothing to prefetch
   const int bytes = e.dtype == 0 ? 4 : e.dtype == 1 ? 8 : 2;
   asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + i * bytes));
+#endif
 }
 
 // Pairs of 16-bit values (dtype 2 or 3) at even index i of a 4-byte aligned buffer: one raw
@@ -329,6 +331,17 @@ __device__ __forceinline__ void epi_apply_run_loaded(const EpiDev& e, long long 
 // epi_take_relu_to_store on its copy of the epilogue: that copy then leaves the relu out.
 __device__ __forceinline__ uint32_t pack2_16(float lo, float hi, bool f16, bool relu) {
   uint32_t d;
+#ifdef JAXDNN_CUDA_EMULATION  // host emulation (tests/cuda/emu): the same rounding in C++
+  if (relu) lo = lo < 0.f ? 0.f : lo, hi = hi < 0.f ? 0.f : hi;
+  if (f16) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    memcpy(&d, &h, 4);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    memcpy(&d, &h, 4);
+  }
+  return d;
+#endif
   if (relu) {
     if (f16) asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
     else asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));

@@ -1,5 +1,6 @@
 // Cooperative threads for the emulated CUDA runtimes (tests/cuda/emu/cuda_runtime.h: the GEMM
-// family and bias/activation backward; tests/cuda/winograd/emu/cuda_runtime.h): a launch runs each CUDA thread of a block as a fiber on the calling OS thread,
+// family and bias/activation backward; tests/cuda/winograd/emu/cuda_runtime.h): a launch runs
+// each CUDA thread of a block as a fiber on the calling OS thread,
 // and a barrier arrival switches back to a round-robin scheduler until every thread of the
 // barrier has arrived. One OS thread per CUDA thread, meeting at std::barrier, paid a futex wait
 // and wake per thread and barrier. On a 2-core host (pytest, checker runs): the Winograd quick

@@ -14,19 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 D=${TMPDIR:-/tmp}/jaxdnn-babemu
 mkdir -p "$D"
-python3 - "$D" <<'PY'
-import re, sys
-out = sys.argv[1]
-for src, dst, least in (("ffi/cuda/bias_act.cu", "bias_act_emu.cc", 4),
-                        ("tests/cuda/bab/baseline.cuh", "baseline.cuh", 4),
-                        ("tests/cuda/bab/check.cu", "check.cc", 0)):
-    text = open(src).read()
-    text, n = re.subn(r"((\w+_kernel)<[^<>]*>)<<<(.*?)>>>\(",
-                      lambda m: f'emu::launch("{m.group(2)}", {m.group(1)}, {m.group(3)}, ', text,
-                      flags=re.S)
-    assert n >= least, (src, n)
-    open(f"{out}/{dst}", "w").write(text)
-PY
+python3 tests/cuda/emu/rewrite.py "$D" ffi/cuda/bias_act.cu:bias_act_emu.cc:4 \
+  tests/cuda/bab/baseline.cuh::4 tests/cuda/bab/check.cu
 F="-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
    -fno-strict-aliasing -ffp-contract=off -DJAXDNN_BAB_EMULATION -I tests/cuda/emu
    -I tests/cuda/pool -I ffi/include -I ffi/cuda"

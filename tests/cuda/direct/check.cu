@@ -1,5 +1,7 @@
 // Standalone check of the DIRECT family through run_conv: fp64 reference over many geometries,
 // then timings. Usage: check [quick|full|none] [bench]  (none: timings only)
+// Also built for the host by emulate.sh (JAXDNN_DIRECT_EMULATION: no graph capture, no timing;
+// the kernel launch counts are printed).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -354,7 +356,7 @@ void graph_check() {
 
 int main(int argc, char** argv) {
   bool quick = argc > 1 && !strcmp(argv[1], "quick");
-  bool do_bench = argc > 2 && !strcmp(argv[2], "bench");
+  bool do_bench = argc > 2 && !strcmp(argv[2], "bench");  // (not under emulation)
   std::mt19937 rng(42);
   struct DT { DType in, out; double tol; };
   std::vector<DT> dts = {{DType::kF64, DType::kF64, 1e-12}, {DType::kF32, DType::kF32, 1e-5},
@@ -386,7 +388,14 @@ int main(int argc, char** argv) {
     CudaConvCall c2{ConvOp::kForward, ConvAlgo::kWinograd, p, DType::kF32, DType::kF32, MathPrecision::kDefault};
     printf("reject winograd: '%s'\n", can_implement(c2).c_str());
   }
+#ifdef JAXDNN_DIRECT_EMULATION
+  do_bench = false;
+  printf("LAUNCHES:");
+  for (const auto& [name, n] : emu::launch_counts) printf(" %s=%ld", name.c_str(), n);
+  printf("\n");
+#else
   if (!none) graph_check();
+#endif
   printf("CORRECTNESS: %d runs, %d failures\n", g_run, g_fail);
   if (do_bench) {
     FILE* csv = fopen(getenv("BENCH_CSV") ? getenv("BENCH_CSV") : "/dev/null", "w");

@@ -5,11 +5,10 @@
 #   bash tests/cuda/gemm_family/emulate.sh [build | CHECK ARGS...]   (from anywhere)
 # e.g. emulate.sh --no-time --quick --only bf16 --case negpad_s2x3_d2
 # Rewrites the kernel launches and the dynamic shared memory of ffi/cuda/conv_gemm_kernel.cuh,
-# conv_gemm_family.cu, epilogue.cuh and the checker into calls of the emulated runtime in emu/
-# (tests/cuda/emu/cuda_runtime.h; emu/gemm_primitives.h stands in for the PTX wrappers), compiles
-# them with g++
-# (AddressSanitizer, UBSan) and runs the checker with the arguments given (build: only compile
-# $D/check). The emulated device has no wgmma (emu/no_wgmma.cc): every call runs the mma.sync
+# conv_gemm_family.cu, epilogue.cuh and the checker (tests/cuda/emu/rewrite.py) into calls of the
+# emulated runtime (tests/cuda/emu/cuda_runtime.h; emu/gemm_primitives.h stands in for the PTX
+# wrappers), compiles them with g++ (AddressSanitizer, UBSan) and runs the checker with the
+# arguments given (build: only compile $D/check). The emulated device has no wgmma (emu/no_wgmma.cc): every call runs the mma.sync
 # kernel, as on a pre-Hopper GPU. What it cannot see: nvcc errors, the wgmma kernels, real
 # concurrency between warps and blocks (blocks run one at a time, EMU_BLOCK_ORDER=reverse|shuffled
 # changes their order), the tensor cores' rounding, speed.
@@ -17,50 +16,16 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 D=${GEMM_EMU_DIR:-${TMPDIR:-/tmp}/jaxdnn-gemmemu}
 mkdir -p "$D"
-python3 - "$D" <<'PY'
-import re, sys
-out = sys.argv[1]
-
-def split_top(s):
-    """Splits a launch configuration at its top-level commas."""
-    parts, depth, cur = [], 0, ""
-    for ch in s:
-        if ch in "(<[{": depth += 1
-        if ch in ")>]}": depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur.strip()); cur = ""
-        else:
-            cur += ch
-    return parts + [cur.strip()]
-
-def launch(m):
-    kernel, cfg = m.group(1), split_top(m.group(2))
-    cfg += ["0", "nullptr"][len(cfg) - 2:]
-    name = "conv_gemm_kernel" if kernel == "kern" else re.sub(r"<.*", "", kernel)
-    return f'emu::launch("{name}", {kernel}, {", ".join(cfg)}, '
-
-for src, dst, least in (("ffi/cuda/conv_gemm_kernel.cuh", "conv_gemm_kernel.cuh", 2),
-                        ("ffi/cuda/conv_gemm_family.cu", "conv_gemm_family.cc", 5),
-                        ("ffi/cuda/conv_gemm_fwd.cu", "conv_gemm_fwd.cc", 0),
-                        ("ffi/cuda/conv_gemm_dgrad.cu", "conv_gemm_dgrad.cc", 0),
-                        ("ffi/cuda/conv_gemm_wgrad.cu", "conv_gemm_wgrad.cc", 0),
-                        ("ffi/cuda/epilogue.cuh", "epilogue.cuh", 1),
-                        ("tests/cuda/gemm_family/check.cu", "check.cc", 3)):
-    text = open(src).read()
-    text, n = re.subn(r"([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<(.*?)>>>\(", launch, text, flags=re.S)
-    assert n >= least, (src, n)
-    text = text.replace('#include "gemm_primitives.cuh"', '#include "gemm_primitives.h"')
-    text, n = re.subn(r"extern __shared__ __align__\(16\) unsigned char (\w+)\[\];",
-                      r"unsigned char* const \1 = emu::dynamic_smem;", text)
-    open(f"{out}/{dst}", "w").write(text)
-PY
+python3 tests/cuda/emu/rewrite.py "$D" ffi/cuda/conv_gemm_kernel.cuh::2 ffi/cuda/conv_gemm_family.cu::5 \
+  ffi/cuda/conv_gemm_fwd.cu ffi/cuda/conv_gemm_dgrad.cu ffi/cuda/conv_gemm_wgrad.cu \
+  ffi/cuda/epilogue.cuh::1 tests/cuda/gemm_family/check.cu::3
 # GEMM_EMU_SANITIZE=0: -O2 without the sanitizers (several times faster, for larger sets)
 if [ "${GEMM_EMU_SANITIZE:-1}" = 0 ]; then
   S="-O2"
 else
   S="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined"
 fi
-F="-std=c++20 $S -fno-strict-aliasing -ffp-contract=off -DJAXDNN_GEMM_EMULATION
+F="-std=c++20 $S -fno-strict-aliasing -ffp-contract=off -DJAXDNN_GEMM_EMULATION -DJAXDNN_CUDA_EMULATION
    -I tests/cuda/emu -I tests/cuda/gemm_family/emu -I ffi/include -I ffi/cuda"
 objs=()
 for u in conv_gemm_family conv_gemm_fwd conv_gemm_dgrad conv_gemm_wgrad check; do
