@@ -341,7 +341,9 @@ def run_benchmark(layers, *, plat, dtypes, ops, families, with_lax, k_ops, repea
   stop_at = None if time_limit is None else time.monotonic() + time_limit
   layers = [dict(L, lhs=L.get("lhs", 1)) for L in layers]  # lhs: optional (1)
   lower_plat = "cuda" if plat == "gpu" else plat
-  impls = (["lax"] if with_lax else []) + list(families)
+  impls = (["lax"] if with_lax else []) + [f for f in families if f != algorithms.AUTO]
+  if algorithms.AUTO in families:
+    impls.append(algorithms.AUTO)
   if plat == "gpu" and torch_available():
     impls.append("torch")
   bar = _Progress(len(dtypes) * len(layers) * len(ops) * len(impls), progress)
@@ -372,7 +374,26 @@ def run_benchmark(layers, *, plat, dtypes, ops, families, with_lax, k_ops, repea
               continue
             row = dict(base, op=op, impl=name, ms="", tflops="", workspace_mb="", note="",
                        reason="")
-            if impl not in ("lax", "torch"):
+            if impl == algorithms.AUTO:
+              # what jaxdnn.conv runs by default: the family auto picks, timed once (shared
+              # with that family's column when it is measured too)
+              try:
+                pick = algorithms.choose_algorithm(lower_plat, OPS[op], impl, geometry, L["N"],
+                                                   L["C"], L["K"], dtype, dtype, mprec)
+              except ValueError as e:
+                row.update(note=NOT_SUPPORTED, reason=str(e))
+              else:
+                picked = done.get((*shape_key, op, pick.name))
+                if picked is not None and picked["ms"]:
+                  row.update({f: picked[f] for f in ("ms", "tflops", "workspace_mb")}, note=pick.name)
+                  done[key] = row
+                  rows.append(row)
+                  bar.write(_row_line(row))
+                  continue
+                row.update(note=pick.name, workspace_mb="%.3g" % (algorithms.workspace_bytes(
+                    lower_plat, OPS[op], pick, geometry, L["N"], L["C"], L["K"], dtype, dtype,
+                    mprec) / 2**20))
+            elif impl not in ("lax", "torch"):
               why = algorithms.unsupported_reason(lower_plat, OPS[op], impl, geometry, L["N"],
                                                   L["C"], L["K"], dtype, dtype, mprec)
               if why:
@@ -381,7 +402,7 @@ def run_benchmark(layers, *, plat, dtypes, ops, families, with_lax, k_ops, repea
                 row["workspace_mb"] = "%.3g" % (algorithms.workspace_bytes(
                     lower_plat, OPS[op], impl, geometry, L["N"], L["C"], L["K"], dtype, dtype,
                     mprec) / 2**20)
-            if not row["note"]:
+            if row["note"] != NOT_SUPPORTED:
               try:
                 if impl == "torch":
                   t = torch_time(L, op, dname, k_ops, repeats) * 1e-3
@@ -409,7 +430,8 @@ def _row_line(r) -> str:
   head = f"{r['dtype']:5} {r['layer']:16} {r['op']:6} {r['impl']:22}"
   if r["ms"]:
     ws = f"  ws {r['workspace_mb']} MB" if r["workspace_mb"] else ""
-    return f"{head} {float(r['ms']):10.4f} ms {float(r['tflops']):9.4g} TFLOP/s{ws}"
+    pick = f"  ({r['note']})" if r["impl"] == algorithms.AUTO else ""
+    return f"{head} {float(r['ms']):10.4f} ms {float(r['tflops']):9.4g} TFLOP/s{ws}{pick}"
   return f"{head} {r['note']} ({r['reason']})"
 
 
@@ -429,7 +451,7 @@ def _group(rows):
 def fastest_family(by_impl):
   """(family name, ms) of the fastest jaxdnn family among by_impl's rows, or (None, None)."""
   timed = [(float(r["ms"]), impl) for impl, r in by_impl.items()
-           if r["ms"] and impl not in ("lax", "torch")]
+           if r["ms"] and impl not in ("lax", "torch", algorithms.AUTO)]
   if not timed:
     return None, None
   ms, impl = min(timed)
@@ -447,7 +469,8 @@ def _cell(r) -> str:
     return ""
   if r["ms"]:
     ws = f" / {r['workspace_mb']}" if r["workspace_mb"] else ""
-    return f"{float(r['ms']):.3f} / {float(r['tflops']):.3g}{ws}"
+    pick = f" ({r['note']})" if r["impl"] == algorithms.AUTO else ""
+    return f"{float(r['ms']):.3f} / {float(r['tflops']):.3g}{ws}{pick}"
   return r["note"]
 
 
@@ -457,11 +480,13 @@ def markdown_table(rows, header):
   refs = [i for i in ("lax", "torch") if i in impls]
   fams = [i for i in impls if i not in refs]
   cols = refs + fams
+  auto = algorithms.AUTO in impls and "lax" in refs  # its own speedup column
   lines = [f"<!-- {header} -->", "",
            "| dtype | layer | op | GFLOP | " + " | ".join(cols)
-           + " | fastest family | vs lax" + (" | vs torch" if "torch" in refs else "") + " |",
-           "|---" * (len(cols) + 6 + ("torch" in refs)) + "|"]
-  speedups = {}
+           + " | fastest family | vs lax" + (" | vs torch" if "torch" in refs else "")
+           + (" | auto vs lax" if auto else "") + " |",
+           "|---" * (len(cols) + 6 + ("torch" in refs) + auto) + "|"]
+  speedups, auto_speedups = {}, {}
   for (dtype, layer, op), by_impl in keyed.items():
     best, _ = fastest_family(by_impl)
     gflop = next(iter(by_impl.values()))["gflop"]
@@ -475,16 +500,24 @@ def markdown_table(rows, header):
     if "torch" in refs:
       vs_torch = speedup_over(by_impl, "torch", best) if best else None
       tail.append(f"{vs_torch:.2f}x" if vs_torch else "")
+    if auto:
+      auto_vs_lax = speedup_over(by_impl, "lax", algorithms.AUTO)
+      if auto_vs_lax:
+        auto_speedups.setdefault((dtype, op), []).append(auto_vs_lax)
+      tail.append(f"{auto_vs_lax:.2f}x" if auto_vs_lax else "")
     lines.append(f"| {dtype} | {layer} | {op} | {gflop} | " + " | ".join(cells + tail) + " |")
   lines.append("")
   lines.append("Cells: ms per convolution / TFLOP/s / workspace MB (jaxdnn families); the fastest "
                "family in bold. 'vs lax': lax time / fastest family time (> 1: jaxdnn is "
-               "faster). Reasons for 'not supported' are in the CSV.")
-  if speedups:
-    lines.append("")
-    lines.append("Geometric-mean speedup of the fastest family over lax: " + ", ".join(
-        f"{d} {o} {math.exp(statistics.fmean(map(math.log, v))):.2f}x ({len(v)} layers)"
-        for (d, o), v in speedups.items()))
+               "faster). Reasons for 'not supported' are in the CSV."
+               + (" auto: what jaxdnn.conv runs by default (the family it picks in brackets; "
+                  "'auto vs lax': lax time / auto time)." if auto else ""))
+  for what, table in (("the fastest family", speedups), ("auto", auto_speedups)):
+    if table:
+      lines.append("")
+      lines.append(f"Geometric-mean speedup of {what} over lax: " + ", ".join(
+          f"{d} {o} {math.exp(statistics.fmean(map(math.log, v))):.2f}x ({len(v)} layers)"
+          for (d, o), v in table.items()))
   return "\n".join(lines) + "\n"
 
 
@@ -569,8 +602,9 @@ def _parser():
   ap.add_argument("--dtypes", default="fp32", help="comma-separated: " + ", ".join(DTYPES))
   ap.add_argument("--ops", default=",".join(OPS), help="comma-separated: " + ", ".join(OPS))
   ap.add_argument("--algos", default=None,
-                  help="comma-separated families (default: all eight, as cuDNN's find lists); "
-                       "explicit Winograd tiles too, e.g. winograd_nonfused_f6x6")
+                  help="comma-separated families (default: all eight, as cuDNN's find lists, "
+                       "and auto: the family jaxdnn.conv picks by default); explicit Winograd "
+                       "tiles too, e.g. winograd_nonfused_f6x6")
   ap.add_argument("--k", type=int, default=None,
                   help="distinct convs per jitted call (default: 16 on GPU, 2 on CPU)")
   ap.add_argument("--repeats", type=int, default=None,
@@ -607,12 +641,10 @@ def main(argv=None) -> int:
   ops = _split(args.ops, OPS, "--ops")
   try:
     families = ([algorithms.parse_algo(a) for a in args.algos.split(",")] if args.algos
-                else list(jaxdnn.ConvAlgo))
+                else [*jaxdnn.ConvAlgo, algorithms.AUTO])
     layers = select_layers(args, plat)
   except (ValueError, OSError) as e:
     raise SystemExit(str(e)) from None
-  if algorithms.AUTO in families:
-    raise SystemExit("--algos: name families; 'auto' is not one")
   if not layers:
     raise SystemExit("no layers to benchmark")
   k_ops = args.k or (16 if plat == "gpu" else 2)

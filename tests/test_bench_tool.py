@@ -48,7 +48,7 @@ def test_tiny_run_csv(tiny_run):
   fields, rows = read_csv(paths["csv"])
   assert tuple(fields) == bench.CSV_FIELDS
   layers = bench.parse_layers(bench.TINY_LAYERS)
-  impls = ["lax"] + [a.name for a in jaxdnn.ConvAlgo]
+  impls = ["lax"] + [a.name for a in jaxdnn.ConvAlgo] + ["auto"]
   if PLAT == "gpu" and bench.torch_available():
     impls.append("torch")
   assert len(rows) == len(layers) * 3 * len(impls)
@@ -65,6 +65,15 @@ def test_tiny_run_csv(tiny_run):
     assert r["note"] != "error", r
     if r["impl"] in ("lax", "torch"):
       assert float(r["ms"]) > 0 and not r["note"]
+      continue
+    if r["impl"] == "auto":  # the family jaxdnn.conv picks, and that family's own measurement
+      pick = algorithms.choose_algorithm(lower, bench.OPS[r["op"]], "auto", bench.layer_geometry(L),
+                                         L["N"], L["C"], L["K"], "float32", "float32",
+                                         algorithms.MathPrecision.HIGHEST)
+      assert r["note"] == pick.name and not r["reason"], r
+      family = next(f for f in rows if (f["layer"], f["op"], f["impl"]) == (r["layer"], r["op"], pick.name))
+      assert (r["ms"], r["tflops"], r["workspace_mb"]) == (family["ms"], family["tflops"],
+                                                           family["workspace_mb"])
       continue
     algo = jaxdnn.ConvAlgo[r["impl"]]
     why = algorithms.unsupported_reason(lower, bench.OPS[r["op"]], algo, bench.layer_geometry(L),
@@ -90,18 +99,23 @@ def test_tiny_run_markdown(tiny_run):
   text = paths["md"].read_text()
   head, sep, *body = table_rows(text)
   assert head[:5] == ["dtype", "layer", "op", "GFLOP", "lax"]
-  assert head[-2:] == ["fastest family", "vs lax"] or head[-3:-1] == ["fastest family", "vs lax"]
+  tail = ["fastest family", "vs lax"] + (["vs torch"] if "torch" in head else []) + ["auto vs lax"]
+  assert head[-len(tail):] == tail
   assert len(sep) == len(head) and all(len(b) == len(head) for b in body)
   assert len(body) == len(bench.parse_layers(bench.TINY_LAYERS)) * 3
   col = {name: i for i, name in enumerate(head)}
   for cells in body:
     dtype, layer, op = cells[:3]
     mine = {r["impl"]: r for r in rows if (r["dtype"], r["layer"], r["op"]) == (dtype, layer, op)}
-    timed = {i: float(r["ms"]) for i, r in mine.items() if r["ms"] and i not in ("lax", "torch")}
+    timed = {i: float(r["ms"]) for i, r in mine.items()
+             if r["ms"] and i not in ("lax", "torch", "auto")}
     best = min(timed, key=timed.get)
     assert cells[col["fastest family"]] == best
     assert cells[col[best]].startswith("**")
     assert cells[col["vs lax"]] == f"{float(mine['lax']['ms']) / timed[best]:.2f}x"
+    auto = mine["auto"]
+    assert cells[col["auto"]].endswith(f"({auto['note']})") and not cells[col["auto"]].startswith("**")
+    assert cells[col["auto vs lax"]] == f"{float(mine['lax']['ms']) / float(auto['ms']):.2f}x"
     if layer == "tiny_5x5_s2":  # strided: the restricted families refuse it
       for algo in helpers.RESTRICTED:
         assert cells[col[algo.name]] == bench.NOT_SUPPORTED
@@ -232,6 +246,27 @@ def test_identical_geometry_measured_once(monkeypatch):
   assert [(r["layer"], r["impl"]) for r in rows] == [
       ("a", "lax"), ("a", "DIRECT"), ("a_again", "lax"), ("a_again", "DIRECT")]
   assert rows[1]["ms"] == rows[3]["ms"] != ""
+
+
+def test_auto_shares_its_picks_measurement(monkeypatch):
+  """auto (what jaxdnn.conv runs by default) reports the family it picks; it reuses that family's
+  measurement when the family is measured too, and is timed itself otherwise."""
+  calls = []
+  real = bench.time_call
+  monkeypatch.setattr(bench, "time_call", lambda *a, **k: calls.append(1) or real(*a, **k))
+  a = dict(name="a", N=1, C=4, H=6, W=6, K=4, R=3, S=3, stride=1, pad=1, groups=1)
+  pick = algorithms.choose_algorithm("cpu", bench.OPS["fwd"], "auto", bench.layer_geometry(
+      dict(a, lhs=1)), 1, 4, 4, "float32", "float32", algorithms.MathPrecision.HIGHEST)
+  kw = dict(plat="cpu", dtypes=["fp32"], ops=["fwd"], with_lax=True, k_ops=1, repeats=1,
+            budget=0.01, inner=1, progress=False)
+  rows = bench.run_benchmark([a], families=[algorithms.AUTO, pick], **kw)  # auto listed first
+  assert len(calls) == 2  # lax and the family
+  assert [(r["impl"], r["note"]) for r in rows] == [("lax", ""), (pick.name, ""), ("auto", pick.name)]
+  assert rows[2]["ms"] == rows[1]["ms"] != ""
+  rows = bench.run_benchmark([a], families=[algorithms.AUTO], **kw)
+  assert len(calls) == 4 and rows[1]["impl"] == "auto" and float(rows[1]["ms"]) > 0
+  table = bench.markdown_table(rows, "h")
+  assert "auto vs lax" in table and f"({pick.name})" in table
 
 
 def test_markdown_with_torch_column():
