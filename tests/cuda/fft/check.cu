@@ -560,6 +560,10 @@ int main(int argc, char** argv) {
   }
 #ifndef JAXDNN_FFT_EMULATION
   if (!none) graph_check();
+#else
+  printf("LAUNCHES:");
+  for (const auto& [name, n] : emu::launch_counts) printf(" %s=%ld", name.c_str(), n);
+  printf("\n");
 #endif
   printf("CORRECTNESS: %d runs, %d failures\n", g_run, g_fail);
 #ifndef JAXDNN_FFT_EMULATION
