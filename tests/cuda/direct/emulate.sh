@@ -19,13 +19,7 @@ python3 tests/cuda/emu/rewrite.py "$D" ffi/cuda/conv_direct.cu::10 ffi/cuda/epil
 F="-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
    -fno-strict-aliasing -ffp-contract=off -DJAXDNN_DIRECT_EMULATION -DJAXDNN_CUDA_EMULATION
    -I tests/cuda/emu -I tests/cuda/gemm_family/emu -I ffi/include -I ffi/cuda"
-objs=()
-for u in conv_direct conv_cuda check family_stubs; do
-  g++ $F -c "$D/$u.cc" -o "$D/$u.o" &
-  objs+=("$D/$u.o")
-  [ "$(jobs -rp | wc -l)" -ge "${DIRECT_EMU_JOBS:-2}" ] && wait -n
-done
-wait
-g++ $F "${objs[@]}" -o "$D/check" -pthread -ldl  # -ldl: dlopen (emu_fibers.h) before glibc 2.34
+source tests/cuda/emu/build.sh
+emu_build conv_direct conv_cuda check family_stubs
 [ "${1:-}" = build ] && exit 0  # build only: $D/check
 "$D/check" "${1:-quick}"

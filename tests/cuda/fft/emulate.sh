@@ -20,13 +20,7 @@ python3 tests/cuda/emu/rewrite.py "$D" ffi/cuda/conv_fft.cu::4 ffi/cuda/conv_cud
 F="-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
    -ffp-contract=off -DJAXDNN_FFT_EMULATION -DJAXDNN_CUDA_EMULATION -I tests/cuda/fft/emu
    -I tests/cuda/emu -I tests/cuda/pool -I ffi/include -I ffi/cuda"
-objs=()
-for u in conv_fft conv_cuda check family_stubs; do
-  g++ $F -c "$D/$u.cc" -o "$D/$u.o" &
-  objs+=("$D/$u.o")
-  [ "$(jobs -rp | wc -l)" -ge "${FFT_EMU_JOBS:-2}" ] && wait -n
-done
-wait
-g++ $F "${objs[@]}" -o "$D/check" -pthread -ldl  # -ldl: dlopen (emu_fibers.h) before glibc 2.34
+source tests/cuda/emu/build.sh
+emu_build conv_fft conv_cuda check family_stubs
 [ "${1:-}" = build ] && exit 0  # build only: $D/check
 "$D/check" "${1:-quick}"

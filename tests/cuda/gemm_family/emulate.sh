@@ -27,14 +27,8 @@ else
 fi
 F="-std=c++20 $S -fno-strict-aliasing -ffp-contract=off -DJAXDNN_GEMM_EMULATION -DJAXDNN_CUDA_EMULATION
    -I tests/cuda/emu -I tests/cuda/gemm_family/emu -I ffi/include -I ffi/cuda"
-objs=()
-for u in conv_gemm_family conv_gemm_fwd conv_gemm_dgrad conv_gemm_wgrad check; do
-  g++ $F -c "$D/$u.cc" -o "$D/$u.o" &
-  objs+=("$D/$u.o")
-  [ "$(jobs -rp | wc -l)" -ge "${GEMM_EMU_JOBS:-2}" ] && wait -n
-done
-g++ $F -c tests/cuda/gemm_family/emu/no_wgmma.cc -o "$D/no_wgmma.o" &
-wait
-g++ $F "${objs[@]}" "$D/no_wgmma.o" -o "$D/check" -pthread -ldl  # -ldl: dlopen (emu_fibers.h) before glibc 2.34
+source tests/cuda/emu/build.sh
+emu_build conv_gemm_family conv_gemm_fwd conv_gemm_dgrad conv_gemm_wgrad check \
+  tests/cuda/gemm_family/emu/no_wgmma.cc
 [ "${1:-}" = build ] && exit 0  # build only: $D/check
 "$D/check" "$@"
