@@ -269,6 +269,20 @@ def test_auto_shares_its_picks_measurement(monkeypatch):
   assert "auto vs lax" in table and f"({pick.name})" in table
 
 
+def test_auto_that_cannot_run_is_reported_not_timed(monkeypatch):
+  """A problem no family supports: the auto row says so with choose_algorithm's reason, and
+  nothing is timed for it."""
+  def refuse(*args, **kwargs):
+    raise ValueError("no jaxdnn algorithm supports this forward convolution on cpu")
+  monkeypatch.setattr(algorithms, "choose_algorithm", refuse)
+  a = dict(name="a", N=1, C=4, H=6, W=6, K=4, R=3, S=3, stride=1, pad=1, groups=1)
+  rows = bench.run_benchmark([a], plat="cpu", dtypes=["fp32"], ops=["fwd"],
+                             families=[algorithms.AUTO], with_lax=False, k_ops=1, repeats=1,
+                             budget=0.01, inner=1, progress=False)
+  assert [(r["impl"], r["note"], r["ms"]) for r in rows] == [("auto", bench.NOT_SUPPORTED, "")]
+  assert "no jaxdnn algorithm supports" in rows[0]["reason"]
+
+
 def test_markdown_with_torch_column():
   def row(impl, ms, note=""):
     return dict(dtype="bf16", layer="l", op="fwd", impl=impl, ms=ms, tflops="1" if ms else "",
